@@ -1,0 +1,212 @@
+"""Multi-head attention.
+
+Each of the ``h`` heads attends in its own ``d_model / h``-dimensional subspace:
+
+    head_i = Attention(X_q W_q^i, X_k W_k^i, X_v W_v^i)
+    MultiHead(X_q, X_k, X_v) = concat(head_1, ..., head_h) W_o
+
+All heads are computed at once: one ``d_model x d_model`` matrix ``W_q`` holds
+every ``W_q^i`` side by side, and the result is split into heads with a reshape.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import scaled_dot_product_attention
+from .masks import check_mask
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with ``num_heads`` heads of size ``d_model // num_heads``.
+
+    Args:
+        d_model: feature size of queries, keys, values and the output.
+        num_heads: ``h``; must divide ``d_model``.
+        dropout: dropout on the attention weights (training only).
+        bias: whether the four projections have a bias.
+
+    Attributes:
+        W_q, W_k, W_v, W_o: the projections, ``nn.Linear(d_model, d_model)``.
+        keep_weights: when ``True``, every forward pass stores its per-head
+            weights ``(batch, num_heads, Lq, Lk)`` in :attr:`weights` (for plots;
+            the output is unchanged). See :func:`mhbook.record_attention`.
+        head_mask: ``None`` or a tensor ``(num_heads,)`` that scales each head's
+            output before the heads are merged: 0 switches a head off. Give it
+            ``requires_grad=True`` to measure head importance (Michel et al., 2019).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(
+                f"d_model must be divisible by num_heads: got d_model={d_model}, "
+                f"num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
+            )
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_head = d_model // num_heads
+        self.dropout = dropout
+        self.W_q = nn.Linear(d_model, d_model, bias=bias)
+        self.W_k = nn.Linear(d_model, d_model, bias=bias)
+        self.W_v = nn.Linear(d_model, d_model, bias=bias)
+        self.W_o = nn.Linear(d_model, d_model, bias=bias)
+        self.keep_weights = False
+        self.weights: torch.Tensor | None = None
+        self.head_mask: torch.Tensor | None = None
+
+    # -- splitting and merging heads -------------------------------------------------
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, L, d_model)`` -> ``(batch, num_heads, L, d_head)``."""
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.d_head).transpose(1, 2)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, num_heads, L, d_head)`` -> ``(batch, L, d_model)``."""
+        batch, _, length, _ = x.shape
+        return x.transpose(1, 2).reshape(batch, length, self.d_model)
+
+    # -- the two halves of forward(), used separately by the KV cache -----------------
+    def project_kv(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Project keys and values and split them into heads.
+
+        Args:
+            key: ``(batch, Lk, d_model)``.
+            value: ``(batch, Lk, d_model)``.
+
+        Returns:
+            ``(k, v)``, each ``(batch, num_heads, Lk, d_head)``. A KV cache stores these.
+        """
+        self._check_input("key", key)
+        self._check_input("value", value)
+        if key.shape[:2] != value.shape[:2]:
+            raise ValueError(
+                f"key and value need the same (batch, Lk): key {tuple(key.shape)}, "
+                f"value {tuple(value.shape)}"
+            )
+        return self.split_heads(self.W_k(key)), self.split_heads(self.W_v(value))
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Project the queries and attend to already projected keys and values.
+
+        Args:
+            query: ``(batch, Lq, d_model)``.
+            k, v: ``(batch, num_heads, Lk, d_head)`` from :meth:`project_kv`.
+            mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
+            need_weights: also return the per-head weights.
+
+        Returns:
+            Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
+            ``(batch, num_heads, Lq, Lk)`` when ``need_weights``.
+        """
+        self._check_input("query", query)
+        if query.size(0) != k.size(0):
+            raise ValueError(
+                f"query and key have different batch sizes: query {tuple(query.shape)}, "
+                f"projected key {tuple(k.shape)}"
+            )
+        q = self.split_heads(self.W_q(query))  # (B, h, Lq, d_head)
+        scores_shape = (q.size(0), self.num_heads, q.size(2), k.size(2))
+        check_mask(mask, scores_shape)
+        dropout_p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights or self.keep_weights:
+            # The explicit path: materialises the (B, h, Lq, Lk) weights.
+            heads, weights = scaled_dot_product_attention(q, k, v, mask)
+            if dropout_p > 0:
+                heads = F.dropout(weights, dropout_p) @ v
+        else:
+            # The fused kernel: never stores the weights, O(L) memory.
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            if mask is not None:
+                # Queries with no key to attend to give zero output, on every backend.
+                heads = heads.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        if self.keep_weights:
+            self.weights = weights.detach()
+        if self.head_mask is not None:
+            heads = heads * self.head_mask.view(1, -1, 1, 1)
+        output = self.W_o(self.merge_heads(heads))
+        return (output, weights) if need_weights else output
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Multi-head attention of ``query`` over ``key``/``value``.
+
+        Args:
+            query: ``(batch, Lq, d_model)``.
+            key: ``(batch, Lk, d_model)``.
+            value: ``(batch, Lk, d_model)``.
+            mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
+            need_weights: also return the per-head weights (explicit path).
+
+        Returns:
+            Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
+            ``(batch, num_heads, Lq, Lk)`` when ``need_weights``.
+        """
+        k, v = self.project_kv(key, value)
+        return self.attend(query, k, v, mask, need_weights)
+
+    def _check_input(self, name: str, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.size(-1) != self.d_model:
+            raise ValueError(
+                f"{name} must have shape (batch, length, d_model={self.d_model}), "
+                f"got {tuple(x.shape)}"
+            )
+
+    # -- conversion to and from PyTorch ---------------------------------------------
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
+        """Copy an ``nn.MultiheadAttention(..., batch_first=True)``: same weights, same outputs."""
+        if not isinstance(m, nn.MultiheadAttention):
+            raise TypeError(f"expected nn.MultiheadAttention, got {type(m).__name__}")
+        if not m.batch_first:
+            raise ValueError("expected nn.MultiheadAttention(..., batch_first=True), got batch_first=False")
+        if not m._qkv_same_embed_dim or m.bias_k is not None:
+            raise ValueError("only nn.MultiheadAttention without kdim/vdim and add_bias_kv is supported")
+        bias = m.in_proj_bias is not None
+        p = m.in_proj_weight
+        ours = cls(m.embed_dim, m.num_heads, dropout=m.dropout, bias=bias).to(p.device, p.dtype)
+        with torch.no_grad():
+            for i, lin in enumerate((ours.W_q, ours.W_k, ours.W_v)):
+                rows = slice(i * m.embed_dim, (i + 1) * m.embed_dim)
+                lin.weight.copy_(m.in_proj_weight[rows])
+                if bias:
+                    lin.bias.copy_(m.in_proj_bias[rows])
+            ours.W_o.weight.copy_(m.out_proj.weight)
+            if bias:
+                ours.W_o.bias.copy_(m.out_proj.bias)
+        return ours
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """An ``nn.MultiheadAttention(..., batch_first=True)`` with the same weights."""
+        bias = self.W_q.bias is not None
+        w = self.W_q.weight
+        m = nn.MultiheadAttention(
+            self.d_model, self.num_heads, dropout=self.dropout, bias=bias, batch_first=True
+        ).to(w.device, w.dtype)
+        with torch.no_grad():
+            m.in_proj_weight.copy_(torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight]))
+            m.out_proj.weight.copy_(self.W_o.weight)
+            if bias:
+                m.in_proj_bias.copy_(torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias]))
+                m.out_proj.bias.copy_(self.W_o.bias)
+        return m

@@ -1,0 +1,245 @@
+"""The encoder-decoder Transformer of Vaswani et al. (2017), with greedy decoding
+that uses a real KV cache."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from .blocks import DecoderBlock, EncoderBlock
+from .layers import PositionalEncoding
+from .masks import causal_mask, padding_mask
+from .multihead import MultiHeadAttention
+
+__all__ = [
+    "TransformerEncoder",
+    "TransformerDecoder",
+    "Transformer",
+    "record_attention",
+]
+
+
+class TransformerEncoder(nn.Module):
+    """Embedding, positional encoding and ``num_layers`` :class:`EncoderBlock`.
+
+    Embeddings are scaled by ``sqrt(d_model)`` before the encoding is added. With
+    ``norm_first=True`` a final layer norm follows the last block, as pre-norm needs.
+    """
+
+    def __init__(self, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1, norm_first=False):
+        super().__init__()
+        self.d_model = d_model
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.pos_encoding = PositionalEncoding(d_model, dropout)
+        self.blocks = nn.ModuleList(
+            EncoderBlock(d_model, num_heads, d_ff, dropout, norm_first) for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def forward(self, src: torch.Tensor, valid_lens: torch.Tensor | None = None) -> torch.Tensor:
+        """``src`` ``(batch, S)`` token ids, ``valid_lens`` ``(batch,)`` -> ``(batch, S, d_model)``."""
+        _check_tokens("src", src)
+        mask = None if valid_lens is None else padding_mask(valid_lens, src.size(1))
+        x = self.pos_encoding(self.embedding(src) * math.sqrt(self.d_model))
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.norm(x)
+
+
+class TransformerDecoder(nn.Module):
+    """Embedding, positional encoding, ``num_layers`` :class:`DecoderBlock` and a
+    linear layer to vocabulary logits."""
+
+    def __init__(self, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1, norm_first=False):
+        super().__init__()
+        self.d_model = d_model
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.pos_encoding = PositionalEncoding(d_model, dropout)
+        self.blocks = nn.ModuleList(
+            DecoderBlock(d_model, num_heads, d_ff, dropout, norm_first) for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.output = nn.Linear(d_model, vocab_size)
+
+    def forward(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor | None = None,
+        caches: list[dict] | None = None,
+    ) -> torch.Tensor:
+        """Logits for the next token at every position.
+
+        Args:
+            tgt: ``(batch, T)`` token ids: the whole prefix, or with ``caches`` only the new tokens.
+            memory: ``(batch, S, d_model)`` from the encoder.
+            memory_mask: bool, broadcastable to ``(batch, h, T, S)``.
+            caches: ``None``, or one dict per block (see :meth:`DecoderBlock.forward`).
+
+        Returns:
+            ``(batch, T, vocab_size)``.
+        """
+        _check_tokens("tgt", tgt)
+        if memory.size(0) != tgt.size(0):
+            raise ValueError(
+                f"tgt and memory have different batch sizes: tgt {tuple(tgt.shape)}, "
+                f"memory {tuple(memory.shape)}"
+            )
+        num_cached = caches[0]["self"][0].size(2) if caches and "self" in caches[0] else 0
+        num_new = tgt.size(1)
+        # Bottom-right alignment: the new tokens see every cached one and the earlier new ones.
+        self_mask = causal_mask(num_new, num_cached + num_new, device=tgt.device)
+        x = self.embedding(tgt) * math.sqrt(self.d_model)
+        x = self.pos_encoding(x, offset=num_cached)
+        for i, block in enumerate(self.blocks):
+            x = block(x, memory, self_mask, memory_mask, None if caches is None else caches[i])
+        return self.output(self.norm(x))
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer.
+
+    Args:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes.
+        d_model: model width. num_heads: heads per attention layer.
+        num_layers: blocks in the encoder and in the decoder. d_ff: FFN hidden size.
+        dropout: dropout everywhere. norm_first: pre-norm instead of post-norm.
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        norm_first: bool = False,
+    ):
+        super().__init__()
+        args = (d_model, num_heads, num_layers, d_ff, dropout, norm_first)
+        self.encoder = TransformerEncoder(src_vocab_size, *args)
+        self.decoder = TransformerDecoder(tgt_vocab_size, *args)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_valid_lens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits.
+
+        Args:
+            src: ``(batch, S)`` source token ids.
+            tgt_in: ``(batch, T)`` target ids starting with ``<bos>``.
+            src_valid_lens: ``(batch,)`` real source lengths.
+
+        Returns:
+            ``(batch, T, tgt_vocab_size)``; the causal mask is applied inside.
+        """
+        _check_batch(src, tgt_in, src_valid_lens)
+        memory = self.encoder(src, src_valid_lens)
+        memory_mask = padding_mask(src_valid_lens, src.size(1))
+        return self.decoder(tgt_in, memory, memory_mask)
+
+    @torch.no_grad()
+    def greedy_decode(
+        self,
+        src: torch.Tensor,
+        src_valid_lens: torch.Tensor,
+        bos_id: int,
+        eos_id: int,
+        max_len: int,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """Translate by picking the most likely token at every step.
+
+        With ``use_cache=True`` each decoder layer keeps the projected keys and
+        values of the tokens so far, so each step feeds in and projects only the
+        newest token; the encoder memory's keys and values are projected once.
+        With ``use_cache=False`` the whole prefix is run again at every step.
+        Both give the same tokens. Runs in eval mode (restoring the mode after).
+
+        Args:
+            src: ``(batch, S)``. src_valid_lens: ``(batch,)``.
+            bos_id, eos_id: ids of ``<bos>`` and ``<eos>``.
+            max_len: at most this many new tokens.
+
+        Returns:
+            ``(batch, n)`` with ``n <= max_len`` generated ids, ``<bos>`` not
+            included; after a sequence's ``<eos>`` it is filled with ``eos_id``.
+            Stops early once every sequence has produced ``<eos>``.
+        """
+        _check_batch(src, None, src_valid_lens)
+        was_training = self.training
+        self.eval()
+        try:
+            memory = self.encoder(src, src_valid_lens)
+            memory_mask = padding_mask(src_valid_lens, src.size(1))
+            batch = src.size(0)
+            caches = [{} for _ in self.decoder.blocks] if use_cache else None
+            tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
+            finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
+            for _ in range(max_len):
+                new = tokens[:, -1:] if use_cache else tokens
+                logits = self.decoder(new, memory, memory_mask, caches)
+                next_token = logits[:, -1].argmax(dim=-1)
+                next_token = next_token.masked_fill(finished, eos_id)
+                tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+                finished |= next_token == eos_id
+                if bool(finished.all()):
+                    break
+            return tokens[:, 1:]
+        finally:
+            self.train(was_training)
+
+
+@contextmanager
+def record_attention(model: nn.Module):
+    """Keep the per-head attention weights of every attention layer in ``model``.
+
+    Inside the ``with`` block every :class:`MultiHeadAttention` stores its weights
+    ``(batch, h, Lq, Lk)`` of its latest call. The context value is a function that
+    returns them as a dict, e.g. for a :class:`Transformer`::
+
+        with record_attention(model) as weights:
+            model(src, tgt_in, src_valid_lens)
+        w = weights()   # {"encoder.blocks.0.self_attn": tensor, ...}
+
+    The model's outputs are the same as without it (the explicit attention path is used).
+    """
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    previous = {name: m.keep_weights for name, m in layers.items()}
+    for m in layers.values():
+        m.keep_weights = True
+
+    def weights() -> dict[str, torch.Tensor]:
+        return {name: m.weights for name, m in layers.items() if m.weights is not None}
+
+    try:
+        yield weights
+    finally:
+        for name, m in layers.items():
+            m.keep_weights = previous[name]
+
+
+def _check_tokens(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, length), got {tuple(t.shape)}")
+    if t.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
+        raise TypeError(f"{name} must hold integer token ids, got dtype {t.dtype}")
+
+
+def _check_batch(src, tgt_in, src_valid_lens) -> None:
+    _check_tokens("src", src)
+    if tgt_in is not None:
+        _check_tokens("tgt_in", tgt_in)
+        if tgt_in.size(0) != src.size(0):
+            raise ValueError(
+                f"src and tgt_in have different batch sizes: src {tuple(src.shape)}, "
+                f"tgt_in {tuple(tgt_in.shape)}"
+            )
+    if not isinstance(src_valid_lens, torch.Tensor) or src_valid_lens.shape != (src.size(0),):
+        shape = tuple(src_valid_lens.shape) if isinstance(src_valid_lens, torch.Tensor) else type(src_valid_lens).__name__
+        raise ValueError(f"src_valid_lens must have shape ({src.size(0)},) for src {tuple(src.shape)}, got {shape}")

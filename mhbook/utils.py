@@ -1,0 +1,46 @@
+"""Devices, seeds and checkpoints."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["get_device", "set_seed", "save_checkpoint", "load_checkpoint"]
+
+
+def get_device() -> torch.device:
+    """The best device here: CUDA, then Apple's MPS, then the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's, NumPy's and PyTorch's (CPU and CUDA) random number generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra) -> None:
+    """Save ``model``'s state dict and any ``extra`` plain values (numbers, strings, lists, dicts)."""
+    torch.save({"model": model.state_dict(), **extra}, path)
+
+
+def load_checkpoint(path: str | os.PathLike, model: nn.Module, map_location=None) -> dict:
+    """Load a checkpoint written by :func:`save_checkpoint` into ``model``.
+
+    Uses ``torch.load(..., weights_only=True)``, which refuses to run code stored
+    in the file. Returns the checkpoint's ``extra`` values.
+    """
+    if map_location is None:
+        map_location = next(model.parameters()).device
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    model.load_state_dict(checkpoint.pop("model"))
+    return checkpoint
