@@ -1,0 +1,30 @@
+# Two entry points, both safe on a fresh machine:
+#   make book   set up .venv and build the HTML book into _build/html (executes the chapters)
+#   make test   set up .venv and run every test: ruff, pytest, nbval on every chapter,
+#               and the browser test of the built book (.ci/run runs exactly this)
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup chromium book test bench
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
+	touch $@
+
+# Debian's Chromium for the browser test (Playwright drives it; no browser is downloaded).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+
+book: setup
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+test: setup chromium
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/pytest --nbval --nbval-current-env tests chapters
+
+bench: setup
+	$(BIN)/python -m mhbook.bench

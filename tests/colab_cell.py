@@ -1,0 +1,12 @@
+# Colab set-up: in Google Colab, install the version of mhbook this book was written with.
+# Locally and in CI this cell does nothing (mhbook is installed with `pip install -e .`).
+import os
+import subprocess
+import sys
+
+MHBOOK_VERSION = "0.1.0"
+MHBOOK_SOURCE = os.environ.get(
+    "MHBOOK_SOURCE", f"git+https://github.com/mhbook/mhbook@v{MHBOOK_VERSION}"
+)
+if "google.colab" in sys.modules or "MHBOOK_SOURCE" in os.environ:
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", MHBOOK_SOURCE], check=True)
