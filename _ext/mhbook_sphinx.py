@@ -1,0 +1,166 @@
+"""Sphinx extension of the mhbook book: offline MathJax and the generated API reference.
+
+Offline MathJax
+    MathJax 2.7 is served from the built book, never from a CDN. Its files come from
+    the ``jupyter-server-mathjax`` package (maintained by the Jupyter project, which
+    ships MathJax for offline notebooks): after an HTML build they are copied to
+    ``_build/html/_static/mathjax``, and ``mathjax_path`` points there.
+    ``myst_update_mathjax`` must be ``false`` (see ``_config.yml``) so that MyST does
+    not add a MathJax 3 configuration; :data:`MATHJAX2_CONFIG` tells MathJax 2 to
+    typeset only the math that MyST marked, as MyST does for MathJax 3.
+
+API reference
+    The directive ``{mhbook-api}`` writes one section per module of the ``mhbook``
+    package, found by :mod:`pkgutil` and documented with ``automodule``, so the
+    reference follows the package without a list to keep up to date.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import shutil
+from pathlib import Path
+
+import jupyter_server_mathjax
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.application import Sphinx
+from sphinx.config import Config
+from sphinx.util.docutils import SphinxDirective
+from sphinx.util.nodes import nested_parse_with_titles
+
+PACKAGE = "mhbook"
+STATIC = Path(__file__).parent / "static"
+MATHJAX_SOURCE = Path(jupyter_server_mathjax.__file__).parent / "static"
+MATHJAX_PATH = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
+MATHJAX2_CONFIG = {
+    "tex2jax": {
+        "inlineMath": [["\\(", "\\)"]],
+        "displayMath": [["\\[", "\\]"]],
+        "processEscapes": False,
+        "processEnvironments": False,
+        "processRefs": False,
+        "processClass": "tex2jax_process|mathjax_process|math|output_area",
+        "ignoreClass": "tex2jax_ignore|mathjax_ignore",
+    },
+    "messageStyle": "none",
+    "HTML-CSS": {
+        # jupyter-server-mathjax ships the STIX-Web fonts only.
+        "availableFonts": [],
+        "webFont": "STIX-Web",
+        "imageFont": None,
+        "preferredFont": None,
+        "linebreaks": {"automatic": True},
+    },
+    # The hidden MathML kept for screen readers is styled by the NativeMML output, whose
+    # rules name TeX fonts that are not shipped; plain serif avoids requests for them.
+    "NativeMML": {
+        "styles": {
+            selector: {"font-family": "serif"}
+            for selector in (
+                '[mathvariant="double-struck"]',
+                '[mathvariant="script"]',
+                '[mathvariant="fraktur"]',
+                '[mathvariant="bold-script"]',
+                '[mathvariant="bold-fraktur"]',
+                '[class="MJX-tex-oldstyle"]',
+                '[class="MJX-tex-oldstyle-bold"]',
+                '[class="MJX-tex-caligraphic"]',
+                '[class="MJX-tex-caligraphic-bold"]',
+            )
+        }
+    },
+}
+
+
+def _use_offline_mathjax(app: Sphinx, config: Config) -> None:
+    config.html_static_path = [*config.html_static_path, str(STATIC)]
+    if config.mathjax_path.startswith(("http://", "https://", "//")):
+        config.mathjax_path = MATHJAX_PATH
+    if not config.mathjax2_config:
+        config.mathjax2_config = MATHJAX2_CONFIG
+    config.mathjax3_config = None  # a MathJax 3 configuration would confuse MathJax 2
+
+
+def _drop_unused_thebe(app: Sphinx, pagename, templatename, context, doctree) -> None:
+    """Leave out sphinx-thebe's scripts when the book has no thebe button.
+
+    They would only name a CDN address, and sphinx-thebe 0.3 adds its configuration
+    script twice, which makes the browser report a redeclared ``const``.
+    """
+    launch = (app.config.html_theme_options or {}).get("launch_buttons", {})
+    if launch.get("thebe") or "script_files" not in context:
+        return
+    context["script_files"] = [
+        js
+        for js in context["script_files"]
+        if "thebe" not in str(getattr(js, "filename", "") or "")
+        and "THEBE_JS_URL" not in getattr(js, "attributes", {}).get("body", "")
+    ]
+
+
+def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
+    if exception is None and app.builder.format == "html":
+        target = Path(app.outdir) / "_static" / "mathjax"
+        shutil.copytree(MATHJAX_SOURCE, target, dirs_exist_ok=True)
+
+
+def package_modules(package: str) -> list[str]:
+    """Names of the public modules of ``package``, sorted."""
+    path = importlib.import_module(package).__path__
+    return sorted(f"{package}.{m.name}" for m in pkgutil.iter_modules(path) if m.name[0] != "_")
+
+
+def _resolve_reexports(app: Sphinx, env, node, contnode):
+    """Resolve ``mhbook.MultiHeadAttention`` (and a bare ``AddNorm``, ``Transformer.x``).
+
+    The docstrings use the names the chapters use, re-exported by ``mhbook/__init__.py``;
+    the reference documents each object once, in its module (``mhbook.multihead...``).
+    """
+    if node.get("refdomain") != "py":
+        return None
+    package = importlib.import_module(PACKAGE)
+    name = node["reftarget"].lstrip("~.").removeprefix(f"{PACKAGE}.")
+    head, _, rest = name.partition(".")
+    module = getattr(getattr(package, head, None), "__module__", None) or ""
+    if not module.startswith(f"{PACKAGE}."):
+        return None
+    target = f"{module}.{name}"
+    py = env.get_domain("py")
+    return py.resolve_xref(
+        env, node["refdoc"], app.builder, node["reftype"], target, node, contnode
+    )
+
+
+def _skip_namedtuple_fields(app: Sphinx, what, name, obj, skip, options):
+    """NamedTuple fields are described in the class's "Attributes:" section already."""
+    doc = getattr(obj, "__doc__", None) or ""
+    return True if doc.startswith("Alias for field number") else None
+
+
+class PackageApi(SphinxDirective):
+    """``{mhbook-api} package`` in a MyST page: a section with ``automodule`` per module."""
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        lines = []  # MyST Markdown: the directive is used in api.md
+        for module in package_modules(self.arguments[0]):
+            # autodoc writes reStructuredText, hence eval-rst
+            lines += [f"## `{module}`", "", "```{eval-rst}", f".. automodule:: {module}", "```", ""]
+        container = nodes.section()
+        container.document = self.state.document
+        nested_parse_with_titles(self.state, StringList(lines, source="mhbook-api"), container)
+        return container.children
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("config-inited", _use_offline_mathjax)
+    app.connect("build-finished", _copy_mathjax)
+    app.connect("html-page-context", _drop_unused_thebe)
+    app.add_css_file("mhbook-mathjax2.css")
+    app.add_directive("mhbook-api", PackageApi)
+    app.connect("missing-reference", _resolve_reexports)
+    app.connect("autodoc-skip-member", _skip_namedtuple_fields)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,394 @@
+"""Benchmarks of the book's code against PyTorch's, run as ``python -m mhbook.bench``.
+
+Four tables, all measured in one run on one machine:
+
+(a) forward + backward time of :class:`mhbook.MultiHeadAttention` against
+    :class:`torch.nn.MultiheadAttention` (same weights, ``need_weights=False`` for both);
+(b) time and peak memory of the explicit :func:`mhbook.scaled_dot_product_attention`
+    against PyTorch's fused :func:`torch.nn.functional.scaled_dot_product_attention`
+    as the sequence length grows;
+(c) training throughput (target tokens per second) of the book's :class:`mhbook.Transformer`;
+(d) greedy decoding time with and without the KV cache.
+
+Timing: each side is warmed up, then the sides are run in alternating order, round after
+round, so that noise from other processes hits both; a table shows the median round.
+``--quick`` runs tiny sizes in a few seconds (a smoke test, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from .attention import scaled_dot_product_attention
+from .multihead import MultiHeadAttention
+from .transformer import Transformer
+
+__all__ = [
+    "interleaved_median_times",
+    "peak_memory_bytes",
+    "bench_multihead",
+    "bench_attention_memory",
+    "bench_training",
+    "bench_decoding",
+    "main",
+]
+
+
+# -- measuring ------------------------------------------------------------------------
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved_median_times(
+    fns: dict[str, Callable[[], object]],
+    device: torch.device,
+    rounds: int = 5,
+    warmup: int = 1,
+) -> dict[str, float]:
+    """Median seconds per call of each function, the functions run in alternating order.
+
+    Every function is called ``warmup`` times first. Then, ``rounds`` times, each
+    function is called once (forward order on even rounds, reverse on odd ones), timed
+    with :func:`time.perf_counter` between device synchronisations.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    _synchronize(device)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            _synchronize(device)
+            start = time.perf_counter()
+            fns[name]()
+            _synchronize(device)
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes allocated by PyTorch while ``fn()`` runs, above what was allocated before.
+
+    On CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak. On the CPU
+    PyTorch keeps no such counter, so the call runs under ``torch.profiler`` with
+    ``profile_memory=True``: every allocation and free of PyTorch's CPU allocator is
+    an event with a byte count, and the peak of their running sum is the answer. Both
+    count tensors only (the result of ``fn`` included), not the Python process's other memory.
+    """
+    if device.type == "cuda":
+        _synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        _synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # The raw events keep each allocation (+bytes) and free (-bytes) separately;
+    # prof.events() would merge those made inside one operator.
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _print_table(title: str, header: list[str], rows: list[list[str]], notes: list[str]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print(f"\n{title}")
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+    for note in notes:
+        print(f"  note: {note}")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+# -- (a) multi-head attention -----------------------------------------------------------
+def bench_multihead(
+    shapes: list[tuple[int, int, int, int]], device: torch.device, rounds: int
+) -> list[dict]:
+    """Forward + backward seconds of mhbook's and PyTorch's multi-head self-attention.
+
+    Args:
+        shapes: ``(batch, length, d_model, num_heads)`` tuples.
+
+    Returns:
+        One dict per shape with keys ``shape``, ``mhbook_s``, ``torch_s``.
+    """
+    results = []
+    for batch, length, d_model, num_heads in shapes:
+        torch.manual_seed(0)
+        theirs = nn.MultiheadAttention(d_model, num_heads, batch_first=True).to(device)
+        ours = MultiHeadAttention.from_torch(theirs)
+        x = torch.randn(batch, length, d_model, device=device, requires_grad=True)
+
+        def run_ours(x=x, ours=ours):
+            ours.zero_grad(set_to_none=True)
+            x.grad = None
+            ours(x, x, x).sum().backward()
+
+        def run_theirs(x=x, theirs=theirs):
+            theirs.zero_grad(set_to_none=True)
+            x.grad = None
+            theirs(x, x, x, need_weights=False)[0].sum().backward()
+
+        t = interleaved_median_times({"mhbook": run_ours, "torch": run_theirs}, device, rounds)
+        results.append(
+            {
+                "shape": (batch, length, d_model, num_heads),
+                "mhbook_s": t["mhbook"],
+                "torch_s": t["torch"],
+            }
+        )
+    return results
+
+
+# -- (b) fused against explicit attention ----------------------------------------------
+def bench_attention_memory(
+    lengths: list[int], num_heads: int, d_head: int, device: torch.device, rounds: int
+) -> list[dict]:
+    """Forward time and peak memory of explicit and fused attention, batch 1, no mask.
+
+    Returns:
+        One dict per length with ``length``, ``explicit_s``, ``fused_s``,
+        ``explicit_bytes``, ``fused_bytes``.
+    """
+    results = []
+    for length in lengths:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, num_heads, length, d_head, device=device) for _ in range(3))
+
+        def explicit(q=q, k=k, v=v):
+            with torch.no_grad():
+                return scaled_dot_product_attention(q, k, v)[0]
+
+        def fused(q=q, k=k, v=v):
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(q, k, v)
+
+        t = interleaved_median_times({"explicit": explicit, "fused": fused}, device, rounds)
+        results.append(
+            {
+                "length": length,
+                "explicit_s": t["explicit"],
+                "fused_s": t["fused"],
+                "explicit_bytes": peak_memory_bytes(explicit, device),
+                "fused_bytes": peak_memory_bytes(fused, device),
+            }
+        )
+    return results
+
+
+# -- (c) training throughput -------------------------------------------------------------
+def bench_training(
+    device: torch.device,
+    batch: int,
+    length: int,
+    steps: int,
+    vocab_size: int = 1000,
+    d_model: int = 64,
+    num_heads: int = 4,
+    num_layers: int = 2,
+    d_ff: int = 256,
+) -> dict:
+    """Target tokens per second of Adam training steps on random token batches.
+
+    Each step: forward on ``(batch, length)`` source and target ids (source lengths
+    drawn between ``length // 2`` and ``length``), cross-entropy, backward, ``Adam.step()``.
+    """
+    torch.manual_seed(0)
+    model = Transformer(vocab_size, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1)
+    model.to(device).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    src = torch.randint(0, vocab_size, (batch, length), device=device)
+    tgt = torch.randint(0, vocab_size, (batch, length + 1), device=device)
+    valid_lens = torch.randint(length // 2, length + 1, (batch,), device=device)
+
+    def step():
+        logits = model(src, tgt[:, :-1], valid_lens)
+        loss = F.cross_entropy(logits.reshape(-1, vocab_size), tgt[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(2):
+        step()
+    _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _synchronize(device)
+    seconds = time.perf_counter() - start
+    return {"tokens_per_s": batch * length * steps / seconds, "step_s": seconds / steps}
+
+
+# -- (d) greedy decoding with and without the KV cache -----------------------------------
+def bench_decoding(
+    new_tokens: list[int],
+    device: torch.device,
+    rounds: int,
+    batch: int = 8,
+    src_len: int = 32,
+    vocab_size: int = 1000,
+) -> list[dict]:
+    """Seconds of :meth:`Transformer.greedy_decode` with ``use_cache=True`` and ``False``.
+
+    The model has random weights (the book's size). To make every sequence run the
+    full ``max_len`` steps, ``eos_id`` is ``vocab_size``: an id that ``argmax`` over
+    ``vocab_size`` logits can never return, so decoding never stops early.
+    """
+    torch.manual_seed(0)
+    model = Transformer(vocab_size, vocab_size, 64, 4, 2, 256, dropout=0.0).to(device).eval()
+    src = torch.randint(0, vocab_size, (batch, src_len), device=device)
+    valid_lens = torch.full((batch,), src_len, device=device)
+    never = vocab_size
+    results = []
+    for n in new_tokens:
+
+        def decode(use_cache, n=n):
+            out = model.greedy_decode(src, valid_lens, 1, never, n, use_cache=use_cache)
+            assert out.shape == (batch, n)
+            return out
+
+        t = interleaved_median_times(
+            {"cache": lambda d=decode: d(True), "no_cache": lambda d=decode: d(False)},
+            device,
+            rounds,
+        )
+        results.append({"new_tokens": n, "cache_s": t["cache"], "no_cache_s": t["no_cache"]})
+    return results
+
+
+# -- the command line --------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmarks and print their tables (see ``python -m mhbook.bench --help``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mhbook.bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes: a smoke test of a few seconds"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
+    parser.add_argument(
+        "--sections", default="abcd", help="which tables to print, a subset of 'abcd' (default all)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)"
+    )
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device == "auto":
+        from .utils import get_device
+
+        device = get_device()
+    else:
+        device = torch.device(args.device)
+
+    threads = torch.get_num_threads()
+    print(f"mhbook.bench  torch {torch.__version__}  device {device}  threads {threads}")
+    if args.quick:
+        print("--quick: tiny sizes, a smoke test; the numbers mean nothing")
+    print("times are medians over rounds that alternate the two sides (noise hits both)")
+
+    if "a" in args.sections:
+        shapes = [(2, 16, 32, 4)] if args.quick else [(8, 512, 256, 8), (16, 128, 256, 8)]
+        rows = []
+        for r in bench_multihead(shapes, device, rounds=2 if args.quick else 15):
+            ratio = r["mhbook_s"] / r["torch_s"]
+            rows.append([str(r["shape"]), _ms(r["mhbook_s"]), _ms(r["torch_s"]), f"{ratio:.2f}"])
+        _print_table(
+            "(a) multi-head self-attention, forward + backward (ms); goal: ratio <= 1.0",
+            ["(batch, L, d_model, heads)", "mhbook", "nn.MHA", "mhbook/nn.MHA"],
+            rows,
+            ["same weights, train mode, dropout 0, need_weights=False, grads of input and weights"],
+        )
+
+    if "b" in args.sections:
+        lengths = [64, 128] if args.quick else [256, 512, 1024, 2048, 4096]
+        rows = []
+        for r in bench_attention_memory(lengths, 8, 64, device, rounds=2 if args.quick else 3):
+            rows.append(
+                [
+                    str(r["length"]),
+                    _ms(r["explicit_s"]),
+                    _ms(r["fused_s"]),
+                    f"{r['explicit_s'] / r['fused_s']:.1f}",
+                    f"{r['explicit_bytes'] / 2**20:.1f}",
+                    f"{r['fused_bytes'] / 2**20:.1f}",
+                ]
+            )
+        memory_method = (
+            "torch.cuda.max_memory_allocated"
+            if device.type == "cuda"
+            else "peak running sum of torch.profiler's alloc/free events (profile_memory=True)"
+        )
+        _print_table(
+            "(b) attention forward, batch 1, 8 heads, d_head 64, float32, no mask, no grad",
+            ["L", "explicit ms", "fused ms", "speed-up", "explicit MiB", "fused MiB"],
+            rows,
+            [
+                "explicit = mhbook.scaled_dot_product_attention; "
+                "fused = torch.nn.functional.scaled_dot_product_attention",
+                f"peak memory: tensors allocated during one call, output included; {memory_method}",
+                f"explicit stores L*L scores per head: at L={lengths[-1]} one float32 scores "
+                f"tensor is {8 * lengths[-1] ** 2 * 4 / 2**20:.1f} MiB",
+            ],
+        )
+
+    if "c" in args.sections:
+        batch, length, steps = (4, 8, 2) if args.quick else (64, 32, 20)
+        r = bench_training(device, batch, length, steps)
+        _print_table(
+            "(c) training the book's Transformer (d_model 64, 4 heads, 2+2 layers, d_ff 256)",
+            ["batch x length", "ms/step", "target tokens/s"],
+            [[f"{batch} x {length}", _ms(r["step_s"]), f"{r['tokens_per_s']:,.0f}"]],
+            [
+                f"vocabulary 1000, random tokens, Adam, dropout 0.1, "
+                f"{steps} timed steps after 2 warm-up steps"
+            ],
+        )
+
+    if "d" in args.sections:
+        counts = [4, 8] if args.quick else [64, 256]
+        rows = []
+        for r in bench_decoding(counts, device, rounds=2 if args.quick else 3):
+            rows.append(
+                [
+                    str(r["new_tokens"]),
+                    _ms(r["cache_s"]),
+                    _ms(r["no_cache_s"]),
+                    f"{r['no_cache_s'] / r['cache_s']:.1f}",
+                ]
+            )
+        _print_table(
+            "(d) greedy decoding, batch 8, source length 32 (ms); goal: >= 3x at 256 tokens",
+            ["new tokens", "KV cache", "no cache", "speed-up"],
+            rows,
+            [
+                "random-weight Transformer (d_model 64, 4 heads, 2+2 layers, vocabulary 1000); "
+                "eos_id = 1000 can never be the argmax, so every run decodes all the tokens"
+            ],
+        )
+    print("\ndone")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""mhbook.scaled_dot_product_attention and the masks against PyTorch's SDPA:
+forward and gradients, float32 and float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+import mhbook
+
+
+def _inputs(batch_shape, num_queries, num_keys, dtype, d=8, dv=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [
+        (*batch_shape, num_queries, d),
+        (*batch_shape, num_keys, d),
+        (*batch_shape, num_keys, dv),
+    ]
+    return [torch.randn(s, generator=g, dtype=dtype, requires_grad=True) for s in shapes]
+
+
+def _grads(output, inputs, seed=1):
+    """Gradients of ``(output * upstream).sum()`` w.r.t. ``inputs``, for a random upstream."""
+    g = torch.Generator().manual_seed(seed)
+    upstream = torch.randn(output.shape, generator=g, dtype=output.dtype)
+    return torch.autograd.grad((output * upstream).sum(), inputs)
+
+
+def _check_against_torch(q, k, v, mask, torch_mask, assert_close):
+    """Our forward, weights and gradients against F.scaled_dot_product_attention."""
+    output, weights = mhbook.scaled_dot_product_attention(q, k, v, mask)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=torch_mask)
+    assert output.shape == expected.shape
+    assert weights.shape == (*q.shape[:-1], k.size(-2))
+    assert_close(output, expected, "output")
+    for name, ours, theirs in zip("qkv", _grads(output, (q, k, v)), _grads(expected, (q, k, v))):
+        assert torch.isfinite(ours).all(), f"non-finite gradient w.r.t. {name}"
+        assert_close(ours, theirs, f"gradient w.r.t. {name}")
+    return output, weights
+
+
+@pytest.mark.parametrize("batch_shape", [(3,), (2, 3)], ids=["3-D", "4-D"])
+@pytest.mark.parametrize("num_queries,num_keys", [(5, 5), (4, 7)])
+def test_no_mask(batch_shape, num_queries, num_keys, dtype, assert_close):
+    q, k, v = _inputs(batch_shape, num_queries, num_keys, dtype)
+    _check_against_torch(q, k, v, None, None, assert_close)
+
+
+@pytest.mark.parametrize("num_queries,num_keys", [(5, 5), (4, 7)])
+def test_padding_mask_4d(num_queries, num_keys, dtype, assert_close):
+    q, k, v = _inputs((3, 2), num_queries, num_keys, dtype)
+    mask = mhbook.padding_mask(torch.tensor([num_keys, 2, 1]), num_keys)  # (3, 1, 1, Lk)
+    _check_against_torch(q, k, v, mask, mask, assert_close)
+
+
+def test_padding_mask_3d(dtype, assert_close):
+    q, k, v = _inputs((3,), 4, 6, dtype)
+    mask = mhbook.padding_mask(torch.tensor([6, 3, 1]), 6)[:, 0]  # (3, 1, Lk)
+    _check_against_torch(q, k, v, mask, mask, assert_close)
+
+
+def test_padding_mask_per_query(dtype, assert_close):
+    q, k, v = _inputs((2, 2), 3, 5, dtype)
+    mask = mhbook.padding_mask(torch.tensor([[5, 2, 1], [3, 4, 5]]), 5)  # (2, 1, 3, 5)
+    _check_against_torch(q, k, v, mask, mask, assert_close)
+
+
+@pytest.mark.parametrize("num_queries,num_keys", [(5, 5), (4, 7), (1, 6)])
+def test_causal_bottom_right(num_queries, num_keys, dtype, assert_close):
+    """Our bottom-right causal mask equals PyTorch's ``causal_lower_right``."""
+    q, k, v = _inputs((2, 3), num_queries, num_keys, dtype)
+    mask = mhbook.causal_mask(num_queries, num_keys)
+    _check_against_torch(q, k, v, mask, causal_lower_right(num_queries, num_keys), assert_close)
+
+
+def test_causal_square_is_is_causal(dtype, assert_close):
+    q, k, v = _inputs((2, 3), 5, 5, dtype)
+    output, _ = mhbook.scaled_dot_product_attention(q, k, v, mhbook.causal_mask(5))
+    assert_close(output, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_causal_and_padding(dtype, assert_close):
+    q, k, v = _inputs((2, 3), 4, 6, dtype)
+    mask = mhbook.causal_mask(4, 6) & mhbook.padding_mask(torch.tensor([6, 4]), 6)
+    _check_against_torch(q, k, v, mask, mask, assert_close)
+
+
+def test_fully_masked_rows_give_zero_not_nan(dtype, assert_close):
+    """A query with no key to attend to: zero weights, zero output, finite gradients."""
+    q, k, v = _inputs((3, 2), 3, 5, dtype)
+    # batch 1 has no valid key at all; in batch 2 only the middle query has none.
+    mask = mhbook.padding_mask(torch.tensor([[5, 5, 5], [0, 0, 0], [2, 0, 4]]), 5)
+    output, weights = _check_against_torch(q, k, v, mask, mask, assert_close)
+    assert not output.isnan().any() and not weights.isnan().any()
+    empty = ~mask.any(dim=-1)  # (3, 1, 3)
+    empty = empty.expand(3, 2, 3)
+    assert empty.sum() == 2 * (3 + 1)
+    assert (weights[empty] == 0).all()
+    assert (output[empty] == 0).all()
+    output, _ = mhbook.scaled_dot_product_attention(q, k, v, mask)
+    grads = torch.autograd.grad(output.sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert (grads[0][empty] == 0).all()  # an empty row's query gets no gradient
+
+
+def test_weights_sum_to_one_on_rows_with_keys(dtype):
+    q, k, v = _inputs((3, 2), 4, 6, dtype)
+    mask = mhbook.causal_mask(4, 6) & mhbook.padding_mask(torch.tensor([6, 3, 0]), 6)
+    _, weights = mhbook.scaled_dot_product_attention(q, k, v, mask)
+    has_key = mask.expand(3, 2, 4, 6).any(dim=-1)
+    sums = weights.sum(dim=-1)
+    torch.testing.assert_close(sums[has_key], torch.ones_like(sums[has_key]))
+    assert (sums[~has_key] == 0).all()
+    assert (weights[~mask.expand_as(weights)] == 0).all()
+    assert (weights >= 0).all()
+
+
+def test_unmasked_weights_sum_to_one(dtype):
+    q, k, v = _inputs((4,), 3, 9, dtype)
+    _, weights = mhbook.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(4, 3, dtype=dtype))
+
+
+# -- masks -----------------------------------------------------------------------------
+def test_padding_mask_1d_valid_lens():
+    mask = mhbook.padding_mask(torch.tensor([3, 0, 5]), 5)
+    assert mask.shape == (3, 1, 1, 5) and mask.dtype == torch.bool
+    expected = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(mask[:, 0, 0], expected)
+
+
+def test_padding_mask_2d_valid_lens():
+    mask = mhbook.padding_mask(torch.tensor([[1, 2], [4, 0]]), 4)
+    assert mask.shape == (2, 1, 2, 4) and mask.dtype == torch.bool
+    expected = torch.tensor([[[1, 0, 0, 0], [1, 1, 0, 0]], [[1, 1, 1, 1], [0, 0, 0, 0]]])
+    assert torch.equal(mask[:, 0], expected.bool())
+
+
+def test_causal_mask_square_is_lower_triangle():
+    mask = mhbook.causal_mask(4)
+    assert mask.shape == (4, 4) and mask.dtype == torch.bool
+    assert torch.equal(mask, torch.ones(4, 4).tril().bool())
+
+
+@pytest.mark.parametrize("num_queries,num_keys", [(3, 3), (3, 7), (1, 1), (2, 9)])
+def test_causal_mask_bottom_right(num_queries, num_keys):
+    mask = mhbook.causal_mask(num_queries, num_keys)
+    assert mask.shape == (num_queries, num_keys)
+    assert mask[-1].all(), "the last query sees every key"
+    for i in range(num_queries):  # query i sees keys 0 .. i + Lk - Lq
+        assert mask[i].sum() == i + 1 + num_keys - num_queries
+    assert torch.equal(mask, causal_lower_right(num_queries, num_keys)._materialize())
+
+
+def test_causal_mask_one_query_step_sees_everything():
+    assert mhbook.causal_mask(1, 6).all()
+
+
+def test_causal_mask_fewer_keys_than_queries_raises():
+    with pytest.raises(ValueError, match=r"num_queries=5, num_keys=3"):
+        mhbook.causal_mask(5, 3)

@@ -1,0 +1,141 @@
+"""EncoderBlock and DecoderBlock against nn.TransformerEncoderLayer and
+nn.TransformerDecoderLayer (batch_first, ReLU, dropout 0, post- and pre-norm):
+forward and gradients, with padding and causal masks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import mhbook
+
+D_MODEL, NUM_HEADS, D_FF = 16, 4, 32
+
+
+@pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
+def norm_first(request) -> bool:
+    return request.param
+
+
+def _randn(*shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype, requires_grad=True)
+
+
+def _upstream(output, seed=99):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(output.shape, generator=g, dtype=output.dtype)
+
+
+def _backward_both(ours_out, theirs_out, inputs):
+    """Backpropagate the same random upstream gradient through both outputs; return
+    the input gradients of each side (parameter gradients land in ``.grad``)."""
+    g = _upstream(ours_out)
+    ours = torch.autograd.grad((ours_out * g).sum(), inputs, retain_graph=True)
+    (ours_out * g).sum().backward()
+    theirs = torch.autograd.grad((theirs_out * g).sum(), inputs, retain_graph=True)
+    (theirs_out * g).sum().backward()
+    return ours, theirs
+
+
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "causal+padding"])
+def test_encoder_block_matches_torch(masks, norm_first, dtype, assert_close, assert_same_grads):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(
+        D_MODEL, NUM_HEADS, D_FF, dropout=0.0, batch_first=True, norm_first=norm_first, dtype=dtype
+    )
+    block = mhbook.EncoderBlock.from_torch(layer)
+    x = _randn(3, 6, D_MODEL, dtype=dtype, seed=1)
+    pad = mhbook.padding_mask(torch.tensor([6, 4, 1]), 6) if "padding" in masks else None
+    causal = mhbook.causal_mask(6) if "causal" in masks else None
+    mask = pad if causal is None else causal if pad is None else causal & pad
+
+    out = block(x, mask)
+    expected = layer(
+        x,
+        src_mask=None if causal is None else ~causal,  # PyTorch: True = not allowed
+        src_key_padding_mask=None if pad is None else ~pad[:, 0, 0],
+    )
+    assert_close(out, expected, "output")
+    (grad_ours,), (grad_theirs,) = _backward_both(out, expected, (x,))
+    assert_close(grad_ours, grad_theirs, "gradient w.r.t. x")
+    assert_same_grads(block, layer)
+
+
+def test_encoder_block_matches_torch_eval(norm_first, dtype, assert_close):
+    """Eval mode without grad, where PyTorch may take its native fast path."""
+    torch.manual_seed(1)
+    layer = nn.TransformerEncoderLayer(
+        D_MODEL, NUM_HEADS, D_FF, dropout=0.1, batch_first=True, norm_first=norm_first, dtype=dtype
+    ).eval()
+    block = mhbook.EncoderBlock.from_torch(layer).eval()
+    x = _randn(3, 6, D_MODEL, dtype=dtype, seed=2).detach()
+    pad = mhbook.padding_mask(torch.tensor([6, 4, 2]), 6)
+    with torch.no_grad():
+        out = block(x, pad)
+        expected = layer(x, src_key_padding_mask=~pad[:, 0, 0])
+    valid = pad[:, 0, 0]  # a fast path may leave padded positions out: compare real ones
+    assert_close(out[valid], expected[valid])
+
+
+@pytest.mark.parametrize("tgt_padding", [False, True], ids=["tgt-full", "tgt-padded"])
+def test_decoder_block_matches_torch(
+    tgt_padding, norm_first, dtype, assert_close, assert_same_grads
+):
+    torch.manual_seed(2)
+    layer = nn.TransformerDecoderLayer(
+        D_MODEL, NUM_HEADS, D_FF, dropout=0.0, batch_first=True, norm_first=norm_first, dtype=dtype
+    )
+    block = mhbook.DecoderBlock.from_torch(layer)
+    tgt = _randn(3, 5, D_MODEL, dtype=dtype, seed=3)
+    memory = _randn(3, 7, D_MODEL, dtype=dtype, seed=4)
+    causal = mhbook.causal_mask(5)
+    memory_mask = mhbook.padding_mask(torch.tensor([7, 3, 1]), 7)
+    tgt_pad = mhbook.padding_mask(torch.tensor([5, 2, 4]), 5) if tgt_padding else None
+    self_mask = causal if tgt_pad is None else causal & tgt_pad
+
+    out = block(tgt, memory, self_mask, memory_mask)
+    expected = layer(
+        tgt,
+        memory,
+        tgt_mask=~causal,
+        memory_key_padding_mask=~memory_mask[:, 0, 0],
+        tgt_key_padding_mask=None if tgt_pad is None else ~tgt_pad[:, 0, 0],
+    )
+    assert_close(out, expected, "output")
+    ours, theirs = _backward_both(out, expected, (tgt, memory))
+    assert_close(ours[0], theirs[0], "gradient w.r.t. tgt")
+    assert_close(ours[1], theirs[1], "gradient w.r.t. memory")
+    assert_same_grads(block, layer)
+
+
+def test_decoder_block_cache_step_by_step_equals_full(norm_first, dtype, assert_close):
+    """Feeding one token at a time with a KV cache gives the rows of the full causal pass."""
+    torch.manual_seed(3)
+    block = mhbook.DecoderBlock(D_MODEL, NUM_HEADS, D_FF, norm_first=norm_first).to(dtype).eval()
+    tgt = _randn(2, 6, D_MODEL, dtype=dtype, seed=5).detach()
+    memory = _randn(2, 4, D_MODEL, dtype=dtype, seed=6).detach()
+    memory_mask = mhbook.padding_mask(torch.tensor([4, 2]), 4)
+    with torch.no_grad():
+        full = block(tgt, memory, mhbook.causal_mask(6), memory_mask)
+        cache: dict = {}
+        steps = []
+        for t in range(6):
+            steps.append(
+                block(tgt[:, t : t + 1], memory, mhbook.causal_mask(1, t + 1), memory_mask, cache)
+            )
+    assert cache["self"][0].shape == (2, NUM_HEADS, 6, D_MODEL // NUM_HEADS)
+    assert cache["memory"][0].shape == (2, NUM_HEADS, 4, D_MODEL // NUM_HEADS)
+    assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_from_torch_rejects_other_layers():
+    gelu = nn.TransformerEncoderLayer(D_MODEL, NUM_HEADS, D_FF, batch_first=True, activation="gelu")
+    with pytest.raises(ValueError, match="ReLU"):
+        mhbook.EncoderBlock.from_torch(gelu)
+    seq_first = nn.TransformerDecoderLayer(D_MODEL, NUM_HEADS, D_FF)
+    with pytest.raises(ValueError, match="batch_first=True"):
+        mhbook.DecoderBlock.from_torch(seq_first)
+    with pytest.raises(TypeError, match="TransformerDecoderLayer"):
+        mhbook.DecoderBlock.from_torch(gelu)

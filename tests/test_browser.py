@@ -1,0 +1,369 @@
+"""The built book, in a real browser: every page of ``_toc.yml`` in headless Chromium.
+
+The book is built from the committed outputs (no execution: nbval proves they equal a fresh
+run) with ``-W -n --keep-going``, served on 127.0.0.1, and each page is checked: its title,
+no traceback in any output, typeset math, loaded images, a Colab button that opens *this*
+chapter, no request leaving 127.0.0.1, no JavaScript error. Chapter 1's attention explorer is
+moved with the keyboard and must redraw, with the weights of ``mhbook.explorer_weights``.
+
+Chromium is Debian's (``apt-get install chromium``); Playwright only drives it, nothing is
+downloaded. Without Chromium the browser checks are skipped, unless ``CI`` is set: then they
+fail. Screenshots go to ``_build/screenshots/`` (or ``$MHBOOK_SCREENSHOTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+
+try:
+    from book_server import ROOT, build_book, colab_url, serve, toc_pages
+except ImportError:  # tests/ became a package
+    from tests.book_server import ROOT, build_book, colab_url, serve, toc_pages
+
+BUILD_DIR = ROOT / "_build" / "browser-test"
+SCREENSHOTS = Path(os.environ.get("MHBOOK_SCREENSHOTS") or ROOT / "_build" / "screenshots")
+CHROMIUM = (
+    os.environ.get("MHBOOK_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+)
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+TIMEOUT_MS = 30_000
+
+try:
+    PAGES = toc_pages()
+    TOC_ERROR = None
+except (OSError, ValueError) as err:  # reported by test_toc_lists_pages
+    PAGES, TOC_ERROR = [], err
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _no_browser(reason: str):
+    if _in_ci():
+        pytest.fail(f"{reason} (CI is set, so the browser test may not be skipped)", pytrace=False)
+    pytest.skip(reason)
+
+
+class _ScreenshotNote:
+    """Prints where the screenshots went, in pytest's summary, whatever ``-s`` says."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def pytest_terminal_summary(self, terminalreporter):
+        shots = sorted(self.folder.glob("*.png"))
+        terminalreporter.write_line(f"browser test: {len(shots)} screenshots in {self.folder}")
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def build():
+    return build_book(BUILD_DIR)
+
+
+@pytest.fixture(scope="module")
+def site(build):
+    if not (build.html_dir / "index.html").is_file():
+        pytest.fail(f"the build made no HTML (see test_book_builds):\n{build.tail(40)}")
+    with serve(build.html_dir) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser(request):
+    if CHROMIUM is None or not Path(CHROMIUM).exists():
+        _no_browser("Chromium is not installed (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _no_browser("the playwright package is not installed")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for old in SCREENSHOTS.glob("*.png"):
+        old.unlink()
+    request.config.pluginmanager.register(_ScreenshotNote(SCREENSHOTS), "mhbook-screenshots")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        yield chromium
+        chromium.close()
+
+
+class Visit:
+    """A browser tab that records what a page asked for and what went wrong in it."""
+
+    def __init__(self, browser, base_url: str):
+        self.base_url = base_url
+        self.external: list[str] = []
+        self.failed: list[str] = []
+        self.js_errors: list[str] = []
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.page.on("pageerror", lambda err: self.js_errors.append(f"uncaught: {err}"))
+        self.page.on(
+            "console",
+            lambda msg: self.js_errors.append(f"console: {msg.text}") if msg.type == "error" else 0,
+        )
+        self.page.on("response", self._response)
+        self.page.on("requestfailed", self._request_failed)
+
+    def _route(self, route):
+        url = route.request.url
+        parts = urlsplit(url)
+        if parts.scheme in ("http", "https", "ws", "wss") and parts.hostname not in LOCAL_HOSTS:
+            self.external.append(url)
+            route.abort()
+        else:
+            route.continue_()
+
+    def _response(self, response):
+        if response.status >= 400 and not response.url.endswith("/favicon.ico"):
+            self.failed.append(f"{response.status} {response.url}")
+
+    def _request_failed(self, request):
+        if urlsplit(request.url).hostname in LOCAL_HOSTS:
+            self.failed.append(f"{request.failure} {request.url}")
+
+    def open(self, html: str):
+        self.page.goto(self.base_url + html, wait_until="load")
+        return self.page
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def visit(browser, site):
+    tab = Visit(browser, site)
+    yield tab
+    tab.close()
+
+
+# --------------------------------------------------------------------------- in-page probes
+
+# Resolves when MathJax (2 or 3) has typeset the page; "none" when the page has no math.
+WAIT_FOR_MATHJAX = """
+() => new Promise((resolve) => {
+  if (!document.querySelector(".math")) { resolve("none"); return; }
+  const start = Date.now();
+  (function poll() {
+    const MJ = window.MathJax;
+    if (MJ && MJ.Hub && MJ.Hub.Register) {
+      MJ.Hub.Register.StartupHook("End", () => MJ.Hub.Queue(() => resolve("v2")));
+      return;
+    }
+    if (MJ && MJ.startup && MJ.startup.promise) {
+      MJ.startup.promise.then(() => resolve("v3"));
+      return;
+    }
+    if (Date.now() - start > 20000) { resolve("MathJax never loaded"); return; }
+    setTimeout(poll, 50);
+  })();
+})
+"""
+
+# Everything the page checks need, read in one go.
+PAGE_FACTS = """
+() => {
+  const article = document.querySelector("article") || document.querySelector("main") ||
+    document.body;
+  const h1 = article.querySelector("h1");
+  const typeset = ".MathJax, .MathJax_Display, .MathJax_CHTML, .MathJax_SVG, mjx-container";
+  const maths = Array.from(document.querySelectorAll("span.math, div.math"));
+  const prose = article.cloneNode(true);
+  prose.querySelectorAll("pre, code, script, style, .cell_output, .highlight, .MathJax, " +
+    "mjx-container, .MathJax_Preview").forEach((e) => e.remove());
+  const outputs = Array.from(document.querySelectorAll(".cell_output, .output"));
+  return {
+    title: document.title,
+    h1: h1 ? h1.innerText.replace(/[#\\u00b6]\\s*$/, "").trim() : null,
+    mathCount: maths.length,
+    untypeset: maths.filter((m) => !m.querySelector(typeset))
+      .map((m) => m.textContent.trim().slice(0, 80)),
+    mathErrors: Array.from(document.querySelectorAll(
+      ".MathJax_Error, .mjx-merror, mjx-merror, .merror, .noError"))
+      .map((e) => e.textContent.trim().slice(0, 80)),
+    rawMath: (prose.innerText.match(/\\$\\$|\\$[^$\\s][^$\\n]{0,80}?\\$|\\\\\\(|\\\\\\[/g) || []),
+    tracebacks: Array.from(document.querySelectorAll(
+      ".output.traceback, .output.error, .cell_output .traceback"))
+      .map((e) => e.innerText.slice(0, 300))
+      .concat(outputs.filter((o) => /Traceback \\(most recent call last\\)/.test(o.innerText))
+        .map((o) => o.innerText.slice(0, 300))),
+    images: Array.from(document.images).map((img) => ({
+      src: img.currentSrc || img.src, complete: img.complete, width: img.naturalWidth })),
+    colab: Array.from(document.querySelectorAll("a[href*='colab.research.google.com']"))
+      .map((a) => a.href),
+  };
+}
+"""
+
+ALL_IMAGES_LOADED = """
+() => Array.from(document.images).every((img) => img.complete)
+"""
+
+
+def _expected_title(source: Path) -> str | None:
+    """The page's ``# Title`` as plain words, or None when it holds markup we cannot predict."""
+    if source.suffix == ".ipynb":
+        cells = json.loads(source.read_text(encoding="utf8"))["cells"]
+        text = "\n".join(
+            "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in cells
+            if c["cell_type"] == "markdown"
+        )
+    else:
+        text = source.read_text(encoding="utf8")
+        text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)  # front matter
+    match = re.search(r"^# +(.+?)\s*#*\s*$", text, flags=re.M)
+    if match is None:
+        return None
+    title = match.group(1)
+    if re.search(r"[$`{}\[\]<>\\]", title):
+        return None
+    return _words(title)
+
+
+def _words(text: str) -> str:
+    return " ".join(re.sub(r"[*_]", "", text).split())
+
+
+def _shot_name(page) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", page.file) + ".png"
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_toc_lists_pages():
+    assert TOC_ERROR is None, f"cannot read _toc.yml: {TOC_ERROR}"
+    assert PAGES, "_toc.yml lists no pages"
+
+
+def test_book_builds(build):
+    """``jupyter-book build -W -n --keep-going`` of the committed notebooks succeeds."""
+    if not build.ok:
+        pytest.fail(build.report(), pytrace=False)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.file for p in PAGES])
+def test_page(page, visit):
+    tab = visit.open(page.html)
+    mathjax = tab.evaluate(WAIT_FOR_MATHJAX)
+    tab.evaluate("() => { for (const img of document.images) img.loading = 'eager'; }")
+    try:
+        tab.wait_for_function(ALL_IMAGES_LOADED, timeout=15_000)
+    except Exception:  # reported below, image by image
+        pass
+    facts = tab.evaluate(PAGE_FACTS)
+    tab.screenshot(path=str(SCREENSHOTS / _shot_name(page)), full_page=True)
+
+    problems = []
+    expected = _expected_title(page.source)
+    if not facts["h1"]:
+        problems.append("no <h1> title")
+    elif expected is not None and _words(facts["h1"]) != expected:
+        problems.append(f"<h1> is {facts['h1']!r}, the source's title is {expected!r}")
+    title_words = _words(facts["h1"] or expected or "")
+    if not facts["title"] or (title_words and title_words not in _words(facts["title"])):
+        problems.append(f"<title> {facts['title']!r} does not hold the page title")
+    if facts["tracebacks"]:
+        problems.append(f"tracebacks in outputs: {facts['tracebacks']}")
+    if mathjax == "MathJax never loaded":
+        problems.append(f"{facts['mathCount']} math elements but MathJax never loaded")
+    if facts["untypeset"]:
+        problems.append(f"math left untypeset: {facts['untypeset'][:5]}")
+    if facts["mathErrors"]:
+        problems.append(f"MathJax errors: {facts['mathErrors'][:5]}")
+    if facts["rawMath"]:
+        problems.append(f"raw TeX delimiters in the text: {facts['rawMath'][:5]}")
+    broken = [img["src"] for img in facts["images"] if not img["complete"] or img["width"] == 0]
+    if broken:
+        problems.append(f"images that did not load: {broken}")
+    if page.is_notebook:
+        want = colab_url(page)
+        if want not in facts["colab"]:
+            problems.append(f"no Colab launch link to {want}; links found: {facts['colab']}")
+    if visit.external:
+        problems.append(f"requests that left 127.0.0.1: {sorted(set(visit.external))}")
+    if visit.failed:
+        problems.append(f"failed local requests: {sorted(set(visit.failed))}")
+    if visit.js_errors:
+        problems.append(f"JavaScript errors: {visit.js_errors[:5]}")
+    assert not problems, f"{page.html}:\n  " + "\n  ".join(problems)
+
+
+# --------------------------------------------------------------------------- the explorer
+
+READ_EXPLORER = """
+(root) => {
+  const svg = root.querySelector("svg.mhbook-explorer-heatmap");
+  return {
+    weights: JSON.parse(svg.getAttribute("data-weights")),
+    svg: svg.innerHTML,
+    X: JSON.parse(root.dataset.x),
+    q: Array.from(root.querySelectorAll("input[data-matrix='q']")).map((s) => +s.value),
+    k: Array.from(root.querySelectorAll("input[data-matrix='k']")).map((s) => +s.value),
+  };
+}
+"""
+
+
+def _agrees_with_python(state: dict) -> None:
+    from mhbook.widgets import explorer_weights
+
+    want = explorer_weights(np.array(state["X"]), state["q"], state["k"])
+    np.testing.assert_allclose(np.array(state["weights"]), want, atol=1.5e-4)
+
+
+def test_attention_explorer_moves(visit):
+    """Chapter 1's explorer redraws when a slider moves and computes what Python computes."""
+    chapter1 = [p for p in PAGES if Path(p.file).name.startswith("01")]
+    assert chapter1, "no chapter 01 in _toc.yml"
+    tab = visit.open(chapter1[0].html)
+    explorers = tab.locator("div.mhbook-explorer")
+    assert explorers.count() >= 1, f"{chapter1[0].html} holds no div.mhbook-explorer"
+    root = explorers.first
+    root.scroll_into_view_if_needed()
+    before = root.evaluate(READ_EXPLORER)
+    _agrees_with_python(before)
+
+    slider = root.locator("input.mhbook-explorer-slider[data-matrix='q']").first
+    slider.focus()
+    tab.keyboard.press("End")  # the user drags W_q's first entry to its maximum
+    slider.dispatch_event("change")
+    after = root.evaluate(READ_EXPLORER)
+    assert after["q"] != before["q"], "the slider did not move"
+    assert after["weights"] != before["weights"], "moving a W_q slider left the weights unchanged"
+    assert after["svg"] != before["svg"], "moving a W_q slider left the picture unchanged"
+    _agrees_with_python(after)
+
+    root.locator("select.mhbook-explorer-focus").select_option(index=1)
+    focused = root.evaluate(READ_EXPLORER)
+    assert focused["weights"] != after["weights"], "the focus menu left the weights unchanged"
+    _agrees_with_python(focused)
+    root.screenshot(path=str(SCREENSHOTS / "explorer-after-moving.png"))
+    assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
