@@ -7,12 +7,19 @@ Offline MathJax
     ``_build/html/_static/mathjax``, and ``mathjax_path`` points there.
     ``myst_update_mathjax`` must be ``false`` (see ``_config.yml``) so that MyST does
     not add a MathJax 3 configuration; :data:`MATHJAX2_CONFIG` tells MathJax 2 to
-    typeset only the math that MyST marked, as MyST does for MathJax 3.
+    typeset only the math that MyST marked, as MyST does for MathJax 3. The book
+    has no thebe button, so sphinx-thebe's scripts (which name a CDN) are left out.
+
+Bibliography labels
+    The pybtex style ``mhbook_author_year`` labels the entries of the bibliography
+    "Vaswani et al. 2017", like the author-year citations in the text.
 
 API reference
     The directive ``{mhbook-api}`` writes one section per module of the ``mhbook``
     package, found by :mod:`pkgutil` and documented with ``automodule``, so the
-    reference follows the package without a list to keep up to date.
+    reference follows the package without a list to keep up to date. References to
+    re-exported names such as ``mhbook.MultiHeadAttention`` resolve to the object's
+    own module, where it is documented.
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ from pathlib import Path
 import jupyter_server_mathjax
 from docutils import nodes
 from docutils.statemachine import StringList
+from pybtex.plugin import register_plugin
+from pybtex.richtext import Text
+from pybtex.style.formatting.unsrt import Style as UnsrtStyle
+from pybtex.style.labels import BaseLabelStyle
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.util.docutils import SphinxDirective
@@ -104,6 +115,37 @@ def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
     if exception is None and app.builder.format == "html":
         target = Path(app.outdir) / "_static" / "mathjax"
         shutil.copytree(MATHJAX_SOURCE, target, dirs_exist_ok=True)
+
+
+class AuthorYearLabels(BaseLabelStyle):
+    """Bibliography labels that match the author-year citations: "Vaswani et al. 2017"."""
+
+    def format_labels(self, sorted_entries):
+        seen: dict[str, int] = {}
+        for entry in sorted_entries:
+            people = entry.persons.get("author") or entry.persons.get("editor") or []
+            names = [Text.from_latex(" ".join(p.last_names)).render_as("text") for p in people]
+            if len(names) > 2:
+                who = f"{names[0]} et al."
+            else:
+                who = " and ".join(names) or entry.key
+            label = f"{who} {entry.fields.get('year', '')}".strip()
+            seen[label] = seen.get(label, 0) + 1
+            yield (
+                label
+                if seen[label] == 1
+                else f"{label}{'abcdefghijklmnopqrstuvwxyz'[seen[label] - 1]}"
+            )
+
+
+class AuthorYearStyle(UnsrtStyle):
+    """pybtex's ``plain`` formatting (sorted by author), with :class:`AuthorYearLabels`."""
+
+    default_sorting_style = "author_year_title"
+    default_label_style = AuthorYearLabels
+
+
+register_plugin("pybtex.style.formatting", "mhbook_author_year", AuthorYearStyle)
 
 
 def package_modules(package: str) -> list[str]:

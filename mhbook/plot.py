@@ -42,7 +42,10 @@ def _as_matrix(x, name: str) -> np.ndarray:
     while a.ndim > 2 and a.shape[0] == 1:
         a = a[0]
     if a.ndim != 2:
-        raise ValueError(f"{name} must have shape (num_queries, num_keys), got {a.shape}")
+        raise ValueError(
+            f"{name} must have shape (num_queries, num_keys), got {a.shape}; pick one map, "
+            "e.g. weights[0, 0] for batch 0, head 0, or use plot_attention_grid"
+        )
     return a
 
 
@@ -145,8 +148,7 @@ def plot_heatmap(
     key_labels = _check_labels(key_labels, values.shape[1], "key_labels", "key (column)")
     if ax is None:
         _, ax = plt.subplots(figsize=_heatmap_figsize(*values.shape), layout="constrained")
-    colours = plt.get_cmap(cmap).copy()
-    colours.set_bad("#bdbdbd")
+    colours = plt.get_cmap(cmap).with_extremes(bad="#bdbdbd")
     image = ax.imshow(
         np.ma.masked_invalid(values.astype(float)),
         cmap=colours,

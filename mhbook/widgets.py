@@ -407,7 +407,7 @@ def attention_explorer_html(tokens: Sequence[str], X, axis_names: Sequence[str])
         f'data-axis-names="{e(json.dumps(axis_names))}" '
         f'data-colours="{e(json.dumps(lut))}" '
         # Black on white, so that it stays readable when the book is in dark mode.
-        'style="font-family:sans-serif;font-size:14px;line-height:1.4;color:#000;'
+        'style="font-family:sans-serif;font-size:14px;line-height:1.4;color:#000;color-scheme:light;'
         'background:#fff;padding:10px;border-radius:6px;overflow-x:auto">'
         '<div style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">'
         '<div style="display:flex;flex-direction:column;gap:8px">'

@@ -1,0 +1,305 @@
+"""Tests of mhbook.plot and mhbook.widgets: titles, labels, shapes, and the HTML explorer."""
+
+import json
+import re
+import shutil
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from mhbook import plot, widgets  # noqa: E402
+from mhbook.masks import causal_mask  # noqa: E402
+
+TOKENS = ["the", "cat", "sat", "down"]
+AXES = ["entertainment", "time", "other"]
+X = np.array([[2.0, 0.0, 0.5], [1.5, 1.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.5, 0.2]])
+SENTENCE = ["Star Wars", "premiere", "tonight", "at", "eight"]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def tick_texts(labels):
+    return [t.get_text() for t in labels]
+
+
+def random_weights(*shape):
+    return torch.softmax(torch.randn(*shape, generator=torch.Generator().manual_seed(0)), dim=-1)
+
+
+# -- plot_heatmap ------------------------------------------------------------------
+
+
+def test_heatmap_has_title_axis_labels_tokens_and_colorbar():
+    weights = random_weights(4, 4).requires_grad_()
+    ax = plot.plot_heatmap(weights, TOKENS, TOKENS, title="one head")
+    assert ax.get_title() == "one head"
+    assert ax.get_xlabel() == "keys" and ax.get_ylabel() == "queries"
+    assert tick_texts(ax.get_xticklabels()) == TOKENS
+    assert tick_texts(ax.get_yticklabels()) == TOKENS
+    assert len(ax.figure.axes) == 2  # the map and its colour bar
+    np.testing.assert_allclose(ax.images[0].get_array(), weights.detach().numpy(), rtol=1e-6)
+
+
+def test_heatmap_annotates_every_cell_and_marks_minus_inf():
+    scores = torch.zeros(3, 4).masked_fill(~causal_mask(3, 4), float("-inf"))
+    ax = plot.plot_heatmap(scores, TOKENS[:3], TOKENS, annotate=True, colorbar=False)
+    texts = tick_texts(ax.texts)
+    assert len(texts) == 12
+    assert texts.count("-inf") == 3 and texts.count("0.00") == 9
+    assert len(ax.figure.axes) == 1
+
+
+def test_heatmap_into_given_axes_with_custom_labels():
+    fig, (left, right) = plt.subplots(1, 2)
+    ax = plot.plot_heatmap(
+        random_weights(1, 1, 2, 3), ax=right, xlabel="source", ylabel="target", vmin=0, vmax=1
+    )
+    assert ax is right and right.get_xlabel() == "source" and right.get_ylabel() == "target"
+    assert ax.images[0].get_clim() == (0, 1)
+    assert not left.images
+
+
+def test_heatmap_rejects_bad_input():
+    with pytest.raises(ValueError, match="num_queries, num_keys"):
+        plot.plot_heatmap(torch.rand(2, 3, 4))
+    with pytest.raises(ValueError, match="3 labels"):
+        plot.plot_heatmap(torch.rand(4, 4), query_labels=TOKENS[:3])
+    with pytest.raises(ValueError, match="meta"):
+        plot.plot_heatmap(torch.rand(4, 4, device="meta"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_plots_take_cuda_tensors_that_require_grad():
+    weights = random_weights(2, 4, 4).cuda().requires_grad_()
+    ax = plot.plot_heatmap(weights[0], TOKENS, TOKENS)
+    np.testing.assert_allclose(ax.images[0].get_array(), weights[0].detach().cpu().numpy())
+    assert len(plot.plot_attention_grid(weights).axes) == 3
+    plot.plot_mask(causal_mask(4, device="cuda"))
+
+
+# -- plot_attention_grid -----------------------------------------------------------
+
+
+def test_grid_of_layers_and_heads():
+    weights = random_weights(2, 3, 4, 4)
+    fig = plot.plot_attention_grid(weights, TOKENS, TOKENS, title="all heads")
+    maps, bar = fig.axes[:6], fig.axes[6:]
+    assert len(maps) == 6 and len(bar) == 1
+    assert fig.get_suptitle() == "all heads"
+    assert [ax.get_title() for ax in maps[:3]] == ["head 1", "head 2", "head 3"]
+    assert maps[0].get_ylabel() == "layer 1\nqueries" and maps[3].get_ylabel() == "layer 2\nqueries"
+    assert all(tick_texts(ax.get_xticklabels()) == TOKENS for ax in maps[3:])  # bottom row
+    assert all(tick_texts(ax.get_yticklabels()) == TOKENS for ax in maps[::3])  # left column
+    assert all(ax.get_xlabel() == "keys" for ax in maps[3:])
+    assert len({ax.images[0].get_clim() for ax in maps}) == 1  # one shared scale
+    width, height = fig.get_size_inches()
+    assert width > height  # three columns, two rows
+
+
+def test_grid_from_one_layer_list_and_dict():
+    fig = plot.plot_attention_grid(random_weights(4, 3, 5), TOKENS[:3], SENTENCE)
+    assert len(fig.axes) == 5
+    assert fig.axes[0].get_ylabel() == "queries"  # a single layer has no row name
+    layers = [random_weights(2, 3, 3), random_weights(2, 3, 3)]
+    fig = plot.plot_attention_grid(layers, col_names=["a", "b"])
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["a", "b"]
+    assert fig.axes[2].get_ylabel().startswith("layer 2")
+    fig = plot.plot_attention_grid({"encoder": random_weights(1, 2, 3, 3)})
+    assert fig.axes[0].get_ylabel().startswith("encoder")
+
+
+def test_grid_rejects_bad_input():
+    with pytest.raises(ValueError, match="same shape"):
+        plot.plot_attention_grid([random_weights(2, 3, 3), random_weights(2, 4, 4)])
+    with pytest.raises(ValueError, match="row_names"):
+        plot.plot_attention_grid(random_weights(2, 2, 3, 3), row_names=["only one"])
+    with pytest.raises(ValueError, match="got shape"):
+        plot.plot_attention_grid(torch.rand(1, 2, 2, 3, 3))
+
+
+# -- plot_mask -----------------------------------------------------------------------
+
+
+def test_mask_two_colours_and_legend():
+    mask = causal_mask(4)
+    ax = plot.plot_mask(mask, TOKENS, TOKENS, title="causal")
+    assert ax.get_title() == "causal"
+    assert ax.get_xlabel() == "keys" and ax.get_ylabel() == "queries"
+    assert tick_texts(ax.get_xticklabels()) == TOKENS
+    legend = tick_texts(ax.get_legend().get_texts())
+    assert legend == ["True: may attend", "False: masked out"]
+    np.testing.assert_array_equal(ax.images[0].get_array(), mask.numpy().astype(float))
+
+
+def test_mask_accepts_broadcast_shape_and_rejects_floats():
+    ax = plot.plot_mask(torch.tensor([True, True, False])[None, None, None, :])
+    assert ax.images[0].get_array().shape == (1, 3)
+    with pytest.raises(TypeError, match="bool"):
+        plot.plot_mask(torch.ones(3, 3))
+
+
+# -- plot_history and plot_lines -----------------------------------------------------
+
+
+def test_history_loss_and_learning_rate_panels():
+    history = {
+        "step": [1, 2, 3, 4],
+        "loss": [4.0, 3.0, 2.5, 2.0],
+        "lr": [1e-4, 2e-4, 3e-4, 3e-4],
+        "valid_step": [2, 4],
+        "valid_loss": [3.2, 2.4],
+        "tokens_per_s": [100.0] * 4,
+    }
+    fig = plot.plot_history(history, title="run")
+    loss_ax, lr_ax = fig.axes
+    assert fig.get_suptitle() == "run"
+    assert loss_ax.get_xlabel() == "step" and "loss" in loss_ax.get_ylabel()
+    assert lr_ax.get_xlabel() == "step" and lr_ax.get_ylabel() == "learning rate"
+    assert tick_texts(loss_ax.get_legend().get_texts()) == ["training loss", "validation loss"]
+    np.testing.assert_array_equal(loss_ax.lines[1].get_xdata(), [2, 4])
+
+
+def test_history_tolerates_missing_keys():
+    fig = plot.plot_history({"loss": [3.0, 2.0, 1.0], "valid_loss": [2.5]})
+    assert len(fig.axes) == 1  # no learning rate
+    np.testing.assert_array_equal(fig.axes[0].lines[0].get_xdata(), [1, 2, 3])
+    np.testing.assert_array_equal(fig.axes[0].lines[1].get_xdata(), [3])
+    with pytest.raises(ValueError, match="no 'loss'"):
+        plot.plot_history({"step": [1, 2]})
+
+
+def test_lines():
+    ax = plot.plot_lines(
+        [128, 256, 512],
+        {"explicit": [1.0, 4.0, 16.0], "fused": [0.5, 1.0, None]},
+        title="time",
+        xlabel="L",
+        ylabel="ms",
+        logy=True,
+    )
+    assert ax.get_title() == "time" and ax.get_xlabel() == "L" and ax.get_ylabel() == "ms"
+    assert tick_texts(ax.get_legend().get_texts()) == ["explicit", "fused"]
+    assert ax.get_yscale() == "log"
+    with pytest.raises(ValueError, match="2 values for 3"):
+        plot.plot_lines([1, 2, 3], {"short": [1, 2]})
+
+
+# -- the attention explorer ----------------------------------------------------------
+
+
+def test_explorer_weights_and_presets():
+    q, k = widgets.focus_preset(1, 3)
+    assert q == [1.0, 2.0, 1.0] and k == [0.5, 1.0, 0.5]
+    assert widgets.focus_preset(None, 3) == ([1.0] * 3, [1.0] * 3)
+    w = widgets.explorer_weights(torch.tensor(X), q, k)
+    Xt = torch.tensor(X)
+    expected = torch.softmax((Xt * torch.tensor(q)) @ (Xt * torch.tensor(k)).T / 3**0.5, dim=-1)
+    np.testing.assert_allclose(w, expected.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(w.sum(axis=1), 1.0)
+
+
+def test_explorer_html_is_self_contained_with_stable_ids():
+    html = widgets.attention_explorer_html(SENTENCE, X, AXES).data
+    uid = re.search(r'class="mhbook-explorer" id="([^"]+)"', html).group(1)
+    for suffix in ["-focus", "-q0", "-q1", "-q2", "-k0", "-k1", "-k2", "-heatmap"]:
+        assert f'id="{uid}{suffix}"' in html
+    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", html)
+    assert "http" not in html  # no external script, style, font or namespace
+    assert html.count("<script>") == 1
+    for token in SENTENCE:
+        assert f">{token}</text>" in html  # token labels on the heatmap
+    weights = json.loads(re.search(r"data-weights='([^']+)'", html).group(1))
+    ones = [1.0, 1.0, 1.0]
+    np.testing.assert_allclose(weights, widgets.explorer_weights(X, ones, ones), atol=1e-4)
+    other = widgets.attention_explorer_html(SENTENCE, X, AXES).data
+    assert f'id="{uid}"' not in other  # a second explorer on the page gets its own ids
+
+
+def test_explorer_html_escapes_tokens_and_checks_shapes():
+    html = widgets.attention_explorer_html(["<b>", "&"], X[:2], AXES).data
+    assert "&lt;b&gt;" in html and "<b>" not in html
+    with pytest.raises(ValueError, match="5 tokens"):
+        widgets.attention_explorer_html(SENTENCE, X[:3], AXES)
+    with pytest.raises(ValueError, match="axis_names"):
+        widgets.attention_explorer_html(SENTENCE, X, AXES[:2])
+
+
+def test_ipywidgets_explorer_follows_its_controls():
+    pytest.importorskip("ipywidgets")
+    box = widgets.attention_explorer(SENTENCE, torch.tensor(X), AXES)
+    ones = [1.0, 1.0, 1.0]
+    np.testing.assert_allclose(box.weights, widgets.explorer_weights(X, ones, ones))
+    focus = box.children[0]
+    q_sliders = box.children[1].children[0].children[1:]
+    k_sliders = box.children[1].children[1].children[1:]
+    focus.value = 0  # preset: focus on "entertainment"
+    assert [s.value for s in q_sliders] == [2.0, 1.0, 1.0]
+    assert [s.value for s in k_sliders] == [1.0, 0.5, 0.5]
+    np.testing.assert_allclose(
+        box.weights, widgets.explorer_weights(X, *widgets.focus_preset(0, 3))
+    )
+    k_sliders[2].value = 3.0
+    np.testing.assert_allclose(box.weights, widgets.explorer_weights(X, [2, 1, 1], [1, 0.5, 3]))
+
+
+def _browser(playwright):
+    """Playwright's own Chromium, else a system Chromium; skip when there is none."""
+    try:
+        return playwright.chromium.launch()
+    except Exception:
+        pass
+    for path in ["/usr/lib/chromium/chromium", shutil.which("chromium"), shutil.which("chrome")]:
+        if path:
+            try:
+                return playwright.chromium.launch(executable_path=path, args=["--no-sandbox"])
+            except Exception:
+                continue
+    pytest.skip("no Chromium for playwright")
+
+
+def test_explorer_html_redraws_in_a_browser(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    first = widgets.attention_explorer_html(SENTENCE, X, AXES).data
+    second = widgets.attention_explorer_html(SENTENCE, X, AXES).data
+    page_file = tmp_path / "explorer.html"
+    page_file.write_text(f"<!doctype html><meta charset='utf-8'><body>{first}{second}</body>")
+    with sync_api.sync_playwright() as p:
+        browser = _browser(p)
+        page = browser.new_page()
+        errors, requests = [], []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(page_file.as_uri())
+        uid, other = page.eval_on_selector_all(".mhbook-explorer", "els => els.map(e => e.id)")
+        heatmap = page.locator(f"#{uid}-heatmap")
+
+        def drawn(locator=heatmap):
+            return np.array(json.loads(locator.get_attribute("data-weights")))
+
+        before = drawn()
+        page.locator(f"#{uid}-q0").fill("3")
+        after = drawn()
+        assert not np.allclose(before, after)
+        np.testing.assert_allclose(
+            after, widgets.explorer_weights(X, [3, 1, 1], [1, 1, 1]), atol=1e-4
+        )
+        page.select_option(f"#{uid}-focus", "1")
+        assert page.locator(f"#{uid}-q1").input_value() == "2"
+        assert page.locator(f"#{uid}-k0").input_value() == "0.5"
+        preset = widgets.explorer_weights(X, *widgets.focus_preset(1, 3))
+        np.testing.assert_allclose(drawn(), preset, atol=1e-4)
+        assert "focus on 'time'" in heatmap.locator(".mhbook-explorer-title").text_content()
+        np.testing.assert_allclose(drawn(page.locator(f"#{other}-heatmap")), before)  # untouched
+        browser.close()
+    assert errors == []
+    assert all(url.startswith("file:") for url in requests)
