@@ -59,7 +59,9 @@ def _check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> N
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., length, features), got {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have shape (..., length, features), got {tuple(t.shape)}"
+            )
     if query.size(-1) != key.size(-1):
         raise ValueError(
             f"query and key need the same feature size d: query {tuple(query.shape)} is "

@@ -148,7 +148,6 @@ class DecoderBlock(nn.Module):
         return block
 
 
-
 def _check_torch_layer(layer, kind) -> None:
     if not isinstance(layer, kind):
         raise TypeError(f"expected {kind.__name__}, got {type(layer).__name__}")

@@ -3,7 +3,6 @@ the position-wise feed-forward network, and add & norm."""
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -90,13 +89,17 @@ class AddNorm(nn.Module):
     Shapes: ``(batch, L, d_model)`` in and out.
     """
 
-    def __init__(self, d_model: int, dropout: float = 0.0, norm_first: bool = False, eps: float = 1e-5):
+    def __init__(
+        self, d_model: int, dropout: float = 0.0, norm_first: bool = False, eps: float = 1e-5
+    ):
         super().__init__()
         self.norm_first = norm_first
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         if self.norm_first:
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))

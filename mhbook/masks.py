@@ -84,7 +84,9 @@ def check_mask(mask: torch.Tensor | None, scores_shape: Sequence[int]) -> None:
     if mask is None:
         return
     if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"mask must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
+        raise TypeError(
+            f"mask must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}"
+        )
     if mask.dtype != torch.bool:
         raise TypeError(
             f"mask must have dtype torch.bool (True = may attend), got {mask.dtype}; "

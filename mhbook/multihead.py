@@ -33,7 +33,7 @@ class MultiHeadAttention(nn.Module):
     Attributes:
         W_q, W_k, W_v, W_o: the projections, ``nn.Linear(d_model, d_model)``.
         keep_weights: when ``True``, every forward pass stores its per-head
-            weights ``(batch, num_heads, Lq, Lk)`` in :attr:`weights` (for plots;
+            weights ``(batch, num_heads, Lq, Lk)`` in ``weights`` (for plots;
             the output is unchanged). See :func:`mhbook.record_attention`.
         head_mask: ``None`` or a tensor ``(num_heads,)`` that scales each head's
             output before the heads are merged: 0 switches a head off. Give it
@@ -71,7 +71,9 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
     # -- the two halves of forward(), used separately by the KV cache -----------------
-    def project_kv(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_kv(
+        self, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Project keys and values and split them into heads.
 
         Args:
@@ -128,10 +130,17 @@ class MultiHeadAttention(nn.Module):
                 heads = F.dropout(weights, dropout_p) @ v
         else:
             # The fused kernel: never stores the weights, O(L) memory.
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-            if mask is not None:
-                # Queries with no key to attend to give zero output, on every backend.
-                heads = heads.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+            if mask is None:
+                heads = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+            else:
+                # A query with no key to attend to must give zero output and zero
+                # gradient on every backend: let the kernel see all keys for such
+                # rows (so no backend meets an empty row), then zero them.
+                has_key = mask.any(dim=-1, keepdim=True)
+                heads = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p
+                )
+                heads = heads.masked_fill(~has_key, 0.0)
         if self.keep_weights:
             self.weights = weights.detach()
         if self.head_mask is not None:
@@ -179,9 +188,13 @@ class MultiHeadAttention(nn.Module):
         if not isinstance(m, nn.MultiheadAttention):
             raise TypeError(f"expected nn.MultiheadAttention, got {type(m).__name__}")
         if not m.batch_first:
-            raise ValueError("expected nn.MultiheadAttention(..., batch_first=True), got batch_first=False")
+            raise ValueError(
+                "expected nn.MultiheadAttention(..., batch_first=True), got batch_first=False"
+            )
         if not m._qkv_same_embed_dim or m.bias_k is not None:
-            raise ValueError("only nn.MultiheadAttention without kdim/vdim and add_bias_kv is supported")
+            raise ValueError(
+                "only nn.MultiheadAttention without kdim/vdim and add_bias_kv is supported"
+            )
         bias = m.in_proj_bias is not None
         p = m.in_proj_weight
         ours = cls(m.embed_dim, m.num_heads, dropout=m.dropout, bias=bias).to(p.device, p.dtype)

@@ -182,7 +182,7 @@ def fit(
         progress: show a ``tqdm`` bar with the loss and tokens per second.
 
     Returns:
-        The history, a dict of lists: ``step``, ``loss`` (training loss of that step),
+        The history (a dict of lists) with ``step``, ``loss`` (training loss of that step),
         ``lr``, ``tokens_per_s`` (source and target tokens, padding not counted, per
         second of that step), ``valid_step`` and ``valid_loss`` (mean token
         cross-entropy on the validation split, without label smoothing), and

@@ -29,7 +29,9 @@ class TransformerEncoder(nn.Module):
     ``norm_first=True`` a final layer norm follows the last block, as pre-norm needs.
     """
 
-    def __init__(self, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1, norm_first=False):
+    def __init__(
+        self, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1, norm_first=False
+    ):
         super().__init__()
         self.d_model = d_model
         self.embedding = nn.Embedding(vocab_size, d_model)
@@ -40,7 +42,10 @@ class TransformerEncoder(nn.Module):
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
     def forward(self, src: torch.Tensor, valid_lens: torch.Tensor | None = None) -> torch.Tensor:
-        """``src`` ``(batch, S)`` token ids, ``valid_lens`` ``(batch,)`` -> ``(batch, S, d_model)``."""
+        """``src`` ``(batch, S)`` token ids, ``valid_lens`` ``(batch,)``.
+
+        Returns ``(batch, S, d_model)``.
+        """
         _check_tokens("src", src)
         mask = None if valid_lens is None else padding_mask(valid_lens, src.size(1))
         x = self.pos_encoding(self.embedding(src) * math.sqrt(self.d_model))
@@ -53,7 +58,9 @@ class TransformerDecoder(nn.Module):
     """Embedding, positional encoding, ``num_layers`` :class:`DecoderBlock` and a
     linear layer to vocabulary logits."""
 
-    def __init__(self, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1, norm_first=False):
+    def __init__(
+        self, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1, norm_first=False
+    ):
         super().__init__()
         self.d_model = d_model
         self.embedding = nn.Embedding(vocab_size, d_model)
@@ -125,7 +132,9 @@ class Transformer(nn.Module):
         self.encoder = TransformerEncoder(src_vocab_size, *args)
         self.decoder = TransformerDecoder(tgt_vocab_size, *args)
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_valid_lens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, src_valid_lens: torch.Tensor
+    ) -> torch.Tensor:
         """Teacher-forced logits.
 
         Args:
@@ -241,5 +250,8 @@ def _check_batch(src, tgt_in, src_valid_lens) -> None:
                 f"tgt_in {tuple(tgt_in.shape)}"
             )
     if not isinstance(src_valid_lens, torch.Tensor) or src_valid_lens.shape != (src.size(0),):
-        shape = tuple(src_valid_lens.shape) if isinstance(src_valid_lens, torch.Tensor) else type(src_valid_lens).__name__
-        raise ValueError(f"src_valid_lens must have shape ({src.size(0)},) for src {tuple(src.shape)}, got {shape}")
+        got = src_valid_lens
+        got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise ValueError(
+            f"src_valid_lens must have shape ({src.size(0)},) for src {tuple(src.shape)}, got {got}"
+        )

@@ -29,7 +29,7 @@ def set_seed(seed: int) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra) -> None:
-    """Save ``model``'s state dict and any ``extra`` plain values (numbers, strings, lists, dicts)."""
+    """Save ``model``'s state dict and ``extra`` plain values (numbers, strings, lists, dicts)."""
     torch.save({"model": model.state_dict(), **extra}, path)
 
 

@@ -45,9 +45,12 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
-# Console errors that say nothing about the book: pydata-sphinx-theme logs this one on a first
-# visit, when the browser has no stored light/dark choice yet.
-HARMLESS_CONSOLE = re.compile(r"^Got invalid theme mode: \S*\s*\. Resetting to auto\.$")
+# Console errors that say nothing wrong about the book: pydata-sphinx-theme logs the first on a
+# first visit (no stored light/dark choice yet); MathJax 2 declares a font "MathJax_Blank" at
+# about:blank to time its web fonts, which Chromium refuses to fetch.
+HARMLESS_CONSOLE = re.compile(
+    r"^Got invalid theme mode: \S*\s*\. Resetting to auto\.$|^Access to font at 'about:blank'"
+)
 TIMEOUT_MS = 30_000
 
 try:
@@ -132,8 +135,11 @@ class Visit:
         self.page.on("requestfailed", self._request_failed)
 
     def _console(self, message):
-        if message.type == "error" and not HARMLESS_CONSOLE.match(message.text):
-            self.js_errors.append(f"console: {message.text}")
+        if message.type != "error" or HARMLESS_CONSOLE.match(message.text):
+            return
+        where = message.location.get("url") or ""
+        if where != "about:blank" and not where.endswith("/favicon.ico"):
+            self.js_errors.append(f"console: {message.text} ({where})")
 
     def _route(self, route):
         url = route.request.url
@@ -179,7 +185,7 @@ WAIT_FOR_MATHJAX = """
   (function poll() {
     const MJ = window.MathJax;
     if (MJ && MJ.Hub && MJ.Hub.Register) {
-      MJ.Hub.Register.StartupHook("End", () => MJ.Hub.Queue(() => resolve("v2")));
+      MJ.Hub.Register.StartupHook("End", () => resolve("v2"));  // the first typeset is done
       return;
     }
     if (MJ && MJ.startup && MJ.startup.promise) {
@@ -198,15 +204,20 @@ PAGE_FACTS = """
   const article = document.querySelector("article") || document.querySelector("main") ||
     document.body;
   const h1 = article.querySelector("h1");
-  const typeset = ".MathJax, .MathJax_Display, .MathJax_CHTML, .MathJax_SVG, mjx-container";
-  const maths = Array.from(document.querySelectorAll("span.math, div.math"));
+  const typeset = ".MathJax, .MathJax_Display, .MathJax_CHTML, .MathJax_SVG, .MathJax_MathML, " +
+    "mjx-container";
+  // Sphinx's math elements; MathJax 2 puts a span.math of its own inside its output.
+  const maths = Array.from(document.querySelectorAll("span.math, div.math"))
+    .filter((m) => !m.parentElement.closest(typeset));
   const prose = article.cloneNode(true);
   prose.querySelectorAll("pre, code, script, style, .cell_output, .highlight, .MathJax, " +
     "mjx-container, .MathJax_Preview").forEach((e) => e.remove());
   const outputs = Array.from(document.querySelectorAll(".cell_output, .output"));
   return {
     title: document.title,
-    h1: h1 ? h1.innerText.replace(/[#\\u00b6]\\s*$/, "").trim() : null,
+    // without the headerlink (# or ¶) and the chapter number that multitoc numbering adds
+    h1: h1 ? h1.innerText.replace(/[#\\u00b6]\\s*$/, "").trim()
+      .replace(/^(\\d+\\.)+\\d*\\s+/, "") : null,
     mathCount: maths.length,
     untypeset: maths.filter((m) => !m.querySelector(typeset))
       .map((m) => m.textContent.trim().slice(0, 80)),
@@ -319,7 +330,8 @@ def test_page(page, visit):
         problems.append(f"failed local requests: {sorted(set(visit.failed))}")
     if visit.js_errors:
         problems.append(f"JavaScript errors: {visit.js_errors[:5]}")
-    assert not problems, f"{page.html}:\n  " + "\n  ".join(problems)
+    if problems:
+        pytest.fail(f"{page.html}:\n  " + "\n  ".join(problems), pytrace=False)
 
 
 # --------------------------------------------------------------------------- the explorer
