@@ -67,11 +67,15 @@ def _toc_files(node) -> Iterator[str]:
             yield from _toc_files(item)
 
 
+def toc_files(root: Path = ROOT) -> list[str]:
+    """The ``file`` entries of ``root/_toc.yml`` (the root page first), as written there."""
+    return list(_toc_files(load_yaml(root / "_toc.yml")))
+
+
 def toc_pages(root: Path = ROOT) -> list[Page]:
     """The pages listed in ``root/_toc.yml``; raises FileNotFoundError naming a missing one."""
-    toc = load_yaml(root / "_toc.yml")
     pages = []
-    for entry in _toc_files(toc):
+    for entry in toc_files(root):
         stem = entry
         for suffix in SOURCE_SUFFIXES:
             if entry.endswith(suffix):

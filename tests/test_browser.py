@@ -108,7 +108,8 @@ def browser(request):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for old in SCREENSHOTS.glob("*.png"):
         old.unlink()
-    request.config.pluginmanager.register(_ScreenshotNote(SCREENSHOTS), "mhbook-screenshots")
+    if not request.config.pluginmanager.has_plugin("mhbook-screenshots"):
+        request.config.pluginmanager.register(_ScreenshotNote(SCREENSHOTS), "mhbook-screenshots")
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(
             executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
@@ -225,11 +226,10 @@ PAGE_FACTS = """
       ".MathJax_Error, .mjx-merror, mjx-merror, .merror, .noError"))
       .map((e) => e.textContent.trim().slice(0, 80)),
     rawMath: (prose.innerText.match(/\\$\\$|\\$[^$\\s][^$\\n]{0,80}?\\$|\\\\\\(|\\\\\\[/g) || []),
-    tracebacks: Array.from(document.querySelectorAll(
-      ".output.traceback, .output.error, .cell_output .traceback"))
-      .map((e) => e.innerText.slice(0, 300))
-      .concat(outputs.filter((o) => /Traceback \\(most recent call last\\)/.test(o.innerText))
-        .map((o) => o.innerText.slice(0, 300))),
+    tracebacks: Array.from(new Set(
+      Array.from(document.querySelectorAll(".output.traceback, .output.error, .traceback"))
+        .concat(outputs.filter((o) => /Traceback \\(most recent call last\\)/.test(o.innerText)))
+        .map((e) => e.innerText.slice(0, 300)))),
     images: Array.from(document.images).map((img) => ({
       src: img.currentSrc || img.src, complete: img.complete, width: img.naturalWidth })),
     colab: Array.from(document.querySelectorAll("a[href*='colab.research.google.com']"))

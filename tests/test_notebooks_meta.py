@@ -1,0 +1,289 @@
+"""Fast checks of the committed chapters, without running them (nbval runs them).
+
+Each chapter is listed in ``_toc.yml`` and exists; starts with the Colab cell of
+``tests/colab_cell.py``, whose version and repository agree with the package and
+``_config.yml``; was executed top to bottom in a fresh kernel (counts 1, 2, 3, ...) without an
+error or a warning in its outputs; skips nothing in nbval and exempts few cells from the output
+comparison; has one ``# Title`` and an Exercises section; and every figure it draws has a title.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+try:
+    from book_server import ROOT, load_yaml, repository, toc_files, toc_pages
+except ImportError:  # tests/ became a package
+    from tests.book_server import ROOT, load_yaml, repository, toc_files, toc_pages
+
+COLAB_CELL = (ROOT / "tests" / "colab_cell.py").read_text(encoding="utf8")
+MAX_IGNORED_FRACTION = 0.25  # of a chapter's code cells may be tagged nbval-ignore-output
+SKIP_TAGS = {"nbval-skip", "skip-execution", "raises-exception", "nbval-raises-exception"}
+SKIP_COMMENTS = ("# NBVAL_SKIP", "# NBVAL_RAISES_EXCEPTION")
+IGNORE_TAG, IGNORE_COMMENT = "nbval-ignore-output", "# NBVAL_IGNORE_OUTPUT"
+# Text that must not appear in a committed output: warnings, and the author's machine.
+UNWANTED_OUTPUT = re.compile(
+    r"Traceback \(most recent call last\)|\w*Warning: |/work/main|/root/|site-packages"
+)
+
+
+def _chapters() -> list[Path]:
+    """The chapters of _toc.yml, then any chapters/*.ipynb that _toc.yml forgot."""
+    listed = []
+    try:
+        listed = [p.source for p in toc_pages() if p.source.suffix == ".ipynb"]
+    except (OSError, ValueError):
+        pass  # test_toc_chapters_exist says why
+    on_disk = sorted((ROOT / "chapters").glob("*.ipynb"))
+    return listed + [p for p in on_disk if p not in listed]
+
+
+CHAPTERS = _chapters()
+
+
+def _read(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def _code_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def _tags(cell) -> set[str]:
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+def _first_line(cell) -> str:
+    return cell.source.lstrip().split("\n", 1)[0].strip()
+
+
+def _markdown_headings(nb) -> list[tuple[int, str]]:
+    """``(level, text)`` of every Markdown heading, code fences skipped."""
+    headings = []
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        fence = None
+        for line in cell.source.splitlines():
+            marker = re.match(r"\s*(```+|~~~+|:::+)", line)
+            if marker:
+                token = marker.group(1)[0] * 3
+                fence = None if fence == token else (fence or token)
+                continue
+            match = re.match(r"(#{1,6})\s+(.+?)\s*#*\s*$", line)
+            if fence is None and match:
+                headings.append((len(match.group(1)), match.group(2)))
+    return headings
+
+
+# --------------------------------------------------------------------------- the book as a whole
+
+
+def test_toc_chapters_exist():
+    pages = toc_pages()  # raises FileNotFoundError naming a missing page
+    chapters = [p for p in pages if p.file.startswith("chapters/")]
+    assert chapters, "_toc.yml lists no chapters/..."
+    for page in chapters:
+        assert page.source.suffix == ".ipynb", f"{page.file}: a chapter must be a notebook"
+
+
+def test_every_chapter_is_in_the_toc():
+    listed = {str(Path(f).with_suffix("")) for f in toc_files()}
+    chapters = sorted((ROOT / "chapters").glob("*.ipynb"))
+    orphans = [p.name for p in chapters if f"chapters/{p.stem}" not in listed]
+    assert not orphans, f"chapters missing from _toc.yml: {orphans}"
+
+
+def _pyproject_version() -> str:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf8")
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib.loads(text)["project"]["version"]
+    return re.search(r'^version\s*=\s*"([^"]+)"', text, flags=re.M).group(1)
+
+
+def test_colab_cell_version_matches_package():
+    import mhbook
+
+    match = re.search(r'^MHBOOK_VERSION = "([^"]+)"$', COLAB_CELL, flags=re.M)
+    assert match, 'tests/colab_cell.py must set MHBOOK_VERSION = "x.y.z"'
+    assert match.group(1) == mhbook.__version__ == _pyproject_version(), (
+        f"colab cell {match.group(1)}, mhbook.__version__ {mhbook.__version__}, "
+        f"pyproject.toml {_pyproject_version()}"
+    )
+
+
+def test_colab_cell_uses_configured_repository():
+    url, _, _ = repository()
+    assert url.startswith("https://github.com/"), f"_config.yml repository.url is {url!r}"
+    want = f"git+{url}@v{{MHBOOK_VERSION}}"
+    assert want in COLAB_CELL, f"tests/colab_cell.py should install {want}"
+    launch = (load_yaml(ROOT / "_config.yml").get("launch_buttons") or {}).get("colab_url", "")
+    assert launch.rstrip("/") == "https://colab.research.google.com", (
+        f"_config.yml launch_buttons.colab_url is {launch!r}"
+    )
+
+
+# --------------------------------------------------------------------------- each chapter
+
+per_chapter = pytest.mark.parametrize(
+    "path", CHAPTERS, ids=[p.stem for p in CHAPTERS] if CHAPTERS else None
+)
+
+
+@per_chapter
+def test_is_valid_notebook(path):
+    nbformat.validate(_read(path))
+
+
+@per_chapter
+def test_first_code_cell_is_colab_cell(path):
+    code = _code_cells(_read(path))
+    assert code, f"{path.name} has no code cell"
+    assert code[0].source.strip("\n") == COLAB_CELL.strip("\n"), (
+        f"{path.name}: the first code cell must be exactly tests/colab_cell.py"
+    )
+
+
+@per_chapter
+def test_executed_in_order(path):
+    counts = [c.execution_count for c in _code_cells(_read(path))]
+    want = list(range(1, len(counts) + 1))
+    assert counts == want, (
+        f"{path.name}: execution counts {counts}; run it top to bottom in a fresh kernel "
+        "(jupyter nbconvert --to notebook --execute --inplace ...)"
+    )
+
+
+@per_chapter
+def test_no_errors_or_warnings_in_outputs(path):
+    problems = []
+    for n, cell in enumerate(_code_cells(_read(path)), start=1):
+        for out in cell.get("outputs", []):
+            if out.output_type == "error":
+                problems.append(f"cell {n}: {out.ename}: {out.evalue}")
+                continue
+            texts = [out.get("text", "")] + [
+                str(out.get("data", {}).get(kind, "")) for kind in ("text/plain", "text/html")
+            ]
+            for text in texts:
+                found = UNWANTED_OUTPUT.search(text)
+                if found:
+                    start = max(0, found.start() - 60)
+                    problems.append(f"cell {n}: ...{text[start : found.end() + 60]!r}...")
+    assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
+
+
+@per_chapter
+def test_nbval_checks_every_cell(path):
+    nb = _read(path)
+    code = _code_cells(nb)
+    skipped = [
+        n
+        for n, c in enumerate(code, start=1)
+        if _tags(c) & SKIP_TAGS or _first_line(c).upper().startswith(SKIP_COMMENTS)
+    ]
+    assert not skipped, f"{path.name}: cells {skipped} are skipped or expected to fail"
+    notebook_level = {k: v for k, v in nb.metadata.items() if "nbval" in k or "skip" in k}
+    mode = nb.metadata.get("mystnb", {}).get("execution_mode")
+    assert not notebook_level and mode != "off", f"{path.name}: notebook-level skip {nb.metadata}"
+    ignored = [
+        n
+        for n, c in enumerate(code, start=1)
+        if IGNORE_TAG in _tags(c) or _first_line(c).upper().startswith(IGNORE_COMMENT)
+    ]
+    assert len(ignored) <= MAX_IGNORED_FRACTION * len(code), (
+        f"{path.name}: {len(ignored)} of {len(code)} code cells are nbval-ignore-output "
+        f"(cells {ignored}); keep that for timings and progress bars"
+    )
+
+
+@per_chapter
+def test_title_and_exercises(path):
+    headings = _markdown_headings(_read(path))
+    assert headings and headings[0][0] == 1, f"{path.name} must open with a '# Title' heading"
+    titles = [text for level, text in headings if level == 1]
+    assert len(titles) == 1, f"{path.name} has several '# ' titles: {titles}"
+    assert any(level > 1 and re.match(r"exercises?\b", t, re.I) for level, t in headings), (
+        f"{path.name} has no '## Exercises' section"
+    )
+
+
+# --------------------------------------------------------------------------- figures have titles
+
+
+def _plot_title_positions() -> dict[str, int]:
+    """mhbook.plot functions taking ``title``: name -> its positional index."""
+    from mhbook import plot
+
+    found = {}
+    for name, func in inspect.getmembers(plot, inspect.isfunction):
+        params = list(inspect.signature(func).parameters)
+        if "title" in params and not name.startswith("_"):
+            found[name] = params.index("title")
+    return found
+
+
+def _call_name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _sets_title(tree: ast.AST, helpers: set[str], positions: dict[str, int]) -> bool:
+    """Whether code sets a figure title, by any call it makes directly."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _call_name(node)
+        if name in ("set_title", "suptitle", "title") or name in helpers:
+            return True
+        for keyword in node.keywords:
+            if keyword.arg in ("title", "suptitle") and not (
+                isinstance(keyword.value, ast.Constant) and keyword.value.value in (None, "")
+            ):
+                return True
+        if name in positions and len(node.args) > positions[name]:
+            return True
+    return False
+
+
+def _parse(source: str) -> ast.AST | None:
+    # IPython magics and shell escapes are not Python
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+@per_chapter
+def test_every_figure_has_a_title(path):
+    """A weak check: the cell that draws a figure calls something that sets a title.
+
+    Counted as setting one: ``ax.set_title``, ``fig.suptitle``, ``plt.title``, a ``title=``
+    argument, an ``mhbook.plot`` function given its title positionally, or a function defined
+    earlier in the notebook that does one of these.
+    """
+    positions = _plot_title_positions()
+    helpers: set[str] = set()
+    untitled = []
+    for n, cell in enumerate(_code_cells(_read(path)), start=1):
+        tree = _parse(cell.source)
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.FunctionDef) and _sets_title(node, helpers, positions):
+                helpers.add(node.name)
+        draws = any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))
+        if not draws:
+            continue
+        titled = _sets_title(tree, helpers, positions) if tree else "title" in cell.source
+        if not titled:
+            untitled.append(f"cell {n}: {cell.source[:80]!r}")
+    assert not untitled, f"{path.name}: figures without a title:\n  " + "\n  ".join(untitled)
