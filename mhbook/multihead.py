@@ -169,6 +169,13 @@ class MultiHeadAttention(nn.Module):
             Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
             ``(batch, num_heads, Lq, Lk)`` when ``need_weights``.
         """
+        self._check_input("query", query)
+        self._check_input("key", key)
+        if query.size(0) != key.size(0):
+            raise ValueError(
+                f"query and key have different batch sizes: query {tuple(query.shape)}, "
+                f"key {tuple(key.shape)}"
+            )
         k, v = self.project_kv(key, value)
         return self.attend(query, k, v, mask, need_weights)
 

@@ -72,8 +72,12 @@ def toc_files(root: Path = ROOT) -> list[str]:
     return list(_toc_files(load_yaml(root / "_toc.yml")))
 
 
-def toc_pages(root: Path = ROOT) -> list[Page]:
-    """The pages listed in ``root/_toc.yml``; raises FileNotFoundError naming a missing one."""
+def toc_pages(root: Path = ROOT, missing_ok: bool = False) -> list[Page]:
+    """The pages listed in ``root/_toc.yml``.
+
+    A listed page without a source file raises FileNotFoundError naming it, or is left out
+    when ``missing_ok``.
+    """
     pages = []
     for entry in toc_files(root):
         stem = entry
@@ -82,6 +86,8 @@ def toc_pages(root: Path = ROOT) -> list[Page]:
                 stem = entry[: -len(suffix)]
         candidates = [root / f"{stem}{suffix}" for suffix in SOURCE_SUFFIXES]
         found = [path for path in candidates if path.is_file()]
+        if not found and missing_ok:
+            continue
         if not found:
             raise FileNotFoundError(f"_toc.yml lists {entry!r} but none of {candidates} exists")
         pages.append(Page(file=stem, source=found[0]))

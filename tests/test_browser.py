@@ -53,11 +53,10 @@ HARMLESS_CONSOLE = re.compile(
 )
 TIMEOUT_MS = 30_000
 
-try:
-    PAGES = toc_pages()
-    TOC_ERROR = None
-except (OSError, ValueError) as err:  # reported by test_toc_lists_pages
-    PAGES, TOC_ERROR = [], err
+try:  # the pages that exist; test_toc_lists_pages fails on a missing one
+    PAGES = toc_pages(missing_ok=True)
+except (OSError, ValueError):
+    PAGES = []
 
 
 def _in_ci() -> bool:
@@ -276,8 +275,7 @@ def _shot_name(page) -> str:
 
 
 def test_toc_lists_pages():
-    assert TOC_ERROR is None, f"cannot read _toc.yml: {TOC_ERROR}"
-    assert PAGES, "_toc.yml lists no pages"
+    assert toc_pages(), "_toc.yml lists no pages"  # raises FileNotFoundError naming a missing one
 
 
 def test_book_builds(build):
