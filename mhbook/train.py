@@ -42,31 +42,25 @@ __all__ = [
 
 #: The book's standard model and how it is trained (used by chapters 6, 7 and 8).
 BOOK_CONFIG: dict = {
-    "data": {
-        "max_number": 999_999,
-        "num_train": 20_000,
-        "num_valid": 500,
-        "num_test": 1_000,
-        "seed": 0,
-    },
+    "data": {"max_number": 999_999, "num_train": 20_000, "num_valid": 500, "num_test": 1_000, "seed": 0},
     "model": {
         "d_model": 64,
         "num_heads": 4,
         "num_layers": 2,
-        "d_ff": 256,
+        "d_ff": 128,
         "dropout": 0.0,
         "norm_first": False,
     },
     "train": {
-        "num_steps": 1_500,
+        "num_steps": 800,
         "batch_size": 64,
-        "lr": 1e-3,
+        "lr": 3e-3,
         "warmup_steps": 100,
         "min_lr_ratio": 0.01,
         "weight_decay": 0.0,
         "clip_norm": 1.0,
         "label_smoothing": 0.0,
-        "eval_every": 250,
+        "eval_every": 200,
         "seed": 0,
     },
 }
