@@ -15,6 +15,7 @@ import copy
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ __all__ = [
     "lr_lambda",
     "sequence_loss",
     "fit",
+    "cpu_threads",
     "valid_loss",
     "evaluate",
     "book_model",
@@ -42,7 +44,13 @@ __all__ = [
 
 #: The book's standard model and how it is trained (used by chapters 6, 7 and 8).
 BOOK_CONFIG: dict = {
-    "data": {"max_number": 999_999, "num_train": 20_000, "num_valid": 500, "num_test": 1_000, "seed": 0},
+    "data": {
+        "max_number": 999_999,
+        "num_train": 20_000,
+        "num_valid": 500,
+        "num_test": 1_000,
+        "seed": 0,
+    },
     "model": {
         "d_model": 64,
         "num_heads": 4,
@@ -62,6 +70,7 @@ BOOK_CONFIG: dict = {
         "label_smoothing": 0.0,
         "eval_every": 200,
         "seed": 0,
+        "num_threads": 1,
     },
 }
 
@@ -93,6 +102,7 @@ FAST_CONFIG: dict = {
         "label_smoothing": 0.0,
         "eval_every": 100,
         "seed": 0,
+        "num_threads": 1,
     },
 }
 
@@ -157,6 +167,7 @@ def fit(
     seed: int | None = 0,
     device: torch.device | str | None = None,
     progress: bool = True,
+    num_threads: int | None = None,
 ) -> dict[str, list]:
     """Train ``model`` on ``data``'s training split for ``num_steps`` mini-batches.
 
@@ -174,13 +185,17 @@ def fit(
         eval_every: compute the validation loss every this many steps (and at the end);
             ``None`` or 0 to skip.
         progress: show a ``tqdm`` bar with the loss and tokens per second.
+        num_threads: if given, PyTorch's CPU threads while training (restored after).
+            The book's models are so small that one thread is about as fast as
+            several, much faster when other programs share the cores, and gives
+            the same weights on every machine with the same kernels.
 
     Returns:
         The history (a dict of lists) with ``step``, ``loss`` (training loss of that step),
         ``lr``, ``tokens_per_s`` (source and target tokens, padding not counted, per
         second of that step), ``valid_step`` and ``valid_loss`` (mean token
         cross-entropy on the validation split, without label smoothing), and
-        ``train_time_s`` (one number: the total seconds spent training).
+        ``time_s`` (seconds of training so far, validation not counted).
     """
     if not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
@@ -204,7 +219,7 @@ def fit(
         "tokens_per_s": [],
         "valid_step": [],
         "valid_loss": [],
-        "train_time_s": [],
+        "time_s": [],
     }
 
     def batch_stream():
@@ -213,46 +228,62 @@ def fit(
                 "train", batch_size, shuffle=True, device=device, generator=generator
             )
 
-    bar = tqdm(total=num_steps, desc="training", disable=not progress, leave=True)
-    smooth_loss = smooth_speed = None
-    train_time = 0.0
-    model.train()
-    for step, batch in zip(range(1, num_steps + 1), batch_stream()):
-        start = time.perf_counter()
-        current_lr = optimizer.param_groups[0]["lr"]
-        logits = model(batch.src, batch.tgt_in, batch.src_valid_lens)
-        loss = sequence_loss(logits, batch.tgt_out, pad_id, label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip_norm is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-        optimizer.step()
-        scheduler.step()
-        loss_value = loss.item()  # waits for the device, so the timing below is honest
-        seconds = time.perf_counter() - start
-        train_time += seconds
-        num_tokens = int(batch.src_valid_lens.sum() + batch.tgt_valid_lens.sum())
-        speed = num_tokens / max(seconds, 1e-9)
+    with cpu_threads(num_threads):
+        bar = tqdm(total=num_steps, desc="training", disable=not progress, leave=True)
+        smooth_loss = smooth_speed = None
+        train_time = 0.0
+        model.train()
+        for step, batch in zip(range(1, num_steps + 1), batch_stream()):
+            start = time.perf_counter()
+            current_lr = optimizer.param_groups[0]["lr"]
+            logits = model(batch.src, batch.tgt_in, batch.src_valid_lens)
+            loss = sequence_loss(logits, batch.tgt_out, pad_id, label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clip_norm is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+            optimizer.step()
+            scheduler.step()
+            loss_value = loss.item()  # waits for the device, so the timing below is honest
+            seconds = time.perf_counter() - start
+            train_time += seconds
+            num_tokens = int(batch.src_valid_lens.sum() + batch.tgt_valid_lens.sum())
+            speed = num_tokens / max(seconds, 1e-9)
 
-        history["step"].append(step)
-        history["loss"].append(loss_value)
-        history["lr"].append(current_lr)
-        history["tokens_per_s"].append(speed)
-        smooth_loss = loss_value if smooth_loss is None else 0.9 * smooth_loss + 0.1 * loss_value
-        smooth_speed = speed if smooth_speed is None else 0.9 * smooth_speed + 0.1 * speed
-        if eval_every and (step % eval_every == 0 or step == num_steps):
-            history["valid_step"].append(step)
-            history["valid_loss"].append(valid_loss(model, data, "valid", device=device))
-            model.train()
-        postfix = {"loss": f"{smooth_loss:.3f}", "tok/s": f"{smooth_speed:,.0f}"}
-        if history["valid_loss"]:
-            postfix["valid"] = f"{history['valid_loss'][-1]:.3f}"
-        bar.set_postfix(postfix, refresh=False)
-        bar.update(1)
-    bar.close()
-    model.eval()
-    history["train_time_s"].append(train_time)
+            history["step"].append(step)
+            history["loss"].append(loss_value)
+            history["lr"].append(current_lr)
+            history["tokens_per_s"].append(speed)
+            history["time_s"].append(train_time)
+            smooth_loss = (
+                loss_value if smooth_loss is None else 0.9 * smooth_loss + 0.1 * loss_value
+            )
+            smooth_speed = speed if smooth_speed is None else 0.9 * smooth_speed + 0.1 * speed
+            if eval_every and (step % eval_every == 0 or step == num_steps):
+                history["valid_step"].append(step)
+                history["valid_loss"].append(valid_loss(model, data, "valid", device=device))
+                model.train()
+            postfix = {"loss": f"{smooth_loss:.3f}", "tok/s": f"{smooth_speed:,.0f}"}
+            if history["valid_loss"]:
+                postfix["valid"] = f"{history['valid_loss'][-1]:.3f}"
+            bar.set_postfix(postfix, refresh=False)
+            bar.update(1)
+        bar.close()
+        model.eval()
     return history
+
+
+@contextmanager
+def cpu_threads(num_threads: int | None):
+    """Run the ``with`` block with ``torch.set_num_threads(num_threads)``, then restore
+    the previous number (``None``: change nothing)."""
+    previous = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 @torch.no_grad()
