@@ -173,6 +173,7 @@ class Batch(NamedTuple):
     tgt_valid_lens: torch.Tensor
 
     def to(self, device) -> Batch:
+        """The same batch with every tensor on ``device``."""
         return Batch(*(t.to(device) for t in self))
 
 
@@ -234,6 +235,7 @@ class NumberTranslation:
         self.src_vocab = Vocab(t for en, _ in train for t in tokenize(en))
         self.tgt_vocab = Vocab(t for _, fr in train for t in tokenize(fr))
         self._tensors: dict[str, tuple[torch.Tensor, ...]] = {}
+        self._max_target_len: int | None = None
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{s}={len(self.numbers[s])}" for s in SPLITS)
@@ -248,7 +250,10 @@ class NumberTranslation:
 
     def max_target_len(self) -> int:
         """The longest French sentence in tokens, ``<eos>`` included, over all splits."""
-        return max(len(tokenize(fr)) + 1 for ps in self._pairs.values() for _, fr in ps)
+        if self._max_target_len is None:
+            lengths = (len(tokenize(fr)) + 1 for ps in self._pairs.values() for _, fr in ps)
+            self._max_target_len = max(lengths, default=1)
+        return self._max_target_len
 
     # -- tensors ----------------------------------------------------------------------
     def _split_tensors(self, split: str) -> tuple[torch.Tensor, ...]:

@@ -78,7 +78,7 @@ BOOK_CONFIG: dict = {
 FAST_CONFIG: dict = {
     "data": {
         "max_number": 999_999,
-        "num_train": 5_000,
+        "num_train": 10_000,
         "num_valid": 200,
         "num_test": 300,
         "seed": 0,
@@ -86,21 +86,21 @@ FAST_CONFIG: dict = {
     "model": {
         "d_model": 32,
         "num_heads": 4,
-        "num_layers": 1,
+        "num_layers": 2,
         "d_ff": 64,
         "dropout": 0.0,
         "norm_first": False,
     },
     "train": {
-        "num_steps": 400,
+        "num_steps": 600,
         "batch_size": 64,
-        "lr": 3e-3,
-        "warmup_steps": 40,
+        "lr": 5e-3,
+        "warmup_steps": 50,
         "min_lr_ratio": 0.01,
         "weight_decay": 0.0,
         "clip_norm": 1.0,
         "label_smoothing": 0.0,
-        "eval_every": 100,
+        "eval_every": 200,
         "seed": 0,
         "num_threads": 1,
     },
@@ -375,25 +375,35 @@ def book_model(
     if data is None:
         data = make_data(config)
     device = torch.device(device) if device is not None else get_device()
-    model = make_model(data, config, device)
     expected = {
         "config": copy.deepcopy(config),
         "src_vocab": data.src_vocab.id_to_token,
         "tgt_vocab": data.tgt_vocab.id_to_token,
     }
     if checkpoint is not None and Path(checkpoint).exists():
-        extra = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        if all(extra.get(k) == v for k, v in expected.items()):
+        try:
+            extra = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        except Exception as error:  # e.g. a file cut short
+            extra = {}
+            print(f"could not read {checkpoint} ({type(error).__name__}): training again.")
+        else:
+            if not all(extra.get(k) == v for k, v in expected.items()):
+                print(f"{checkpoint} was written for another configuration: training again.")
+        if extra and all(extra.get(k) == v for k, v in expected.items()):
+            model = make_model(data, config, device)
             extra = load_checkpoint(checkpoint, model, map_location=device)
             model.eval()
             return model, data, extra.get("history")
-        print(f"{checkpoint} was written for another configuration: training again.")
 
     set_seed(config["train"]["seed"])
     model = make_model(data, config, device)
     history = fit(model, data, device=device, progress=progress, **config["train"])
     if checkpoint is not None:
-        Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(checkpoint, model, history=history, **expected)
+        path = Path(checkpoint)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write then rename, so a reader (another chapter running now) never sees half a file.
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        save_checkpoint(partial, model, history=history, **expected)
+        os.replace(partial, path)
     model.eval()
     return model, data, history

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from mhbook.bleu import brevity_penalty, bleu_details, corpus_bleu, ngram_counts, sentence_bleu
+from mhbook.bleu import bleu_details, brevity_penalty, corpus_bleu, ngram_counts, sentence_bleu
 
 sacrebleu = pytest.importorskip("sacrebleu")
 

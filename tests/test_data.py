@@ -47,7 +47,7 @@ ENGLISH = {
 
 @pytest.fixture(scope="module")
 def data():
-    return NumberTranslation(num_train=2000, num_valid=300, num_test=300, seed=0)
+    return NumberTranslation(num_train=1500, num_valid=200, num_test=200, seed=0)
 
 
 @pytest.mark.parametrize("n, words", FRENCH.items())
@@ -101,7 +101,7 @@ def test_held_out_words_are_known(data):
 
 def test_splits_are_disjoint_by_number(data):
     train, valid, test = (set(data.numbers[s]) for s in ("train", "valid", "test"))
-    assert (len(train), len(valid), len(test)) == (2000, 300, 300)
+    assert (len(train), len(valid), len(test)) == (1500, 200, 200)
     assert not train & valid and not train & test and not valid & test
     assert all(0 <= n <= 999_999 for n in train | valid | test)
     # A mix of short and long numbers.
@@ -113,11 +113,12 @@ def test_splits_are_disjoint_by_number(data):
 
 
 def test_deterministic_from_seed(data):
-    again = NumberTranslation(num_train=2000, num_valid=300, num_test=300, seed=0)
-    other = NumberTranslation(num_train=2000, num_valid=300, num_test=300, seed=1)
+    again = NumberTranslation(num_train=1500, num_valid=200, num_test=200, seed=0)
     assert again.numbers == data.numbers
     assert again.src_vocab == data.src_vocab and again.tgt_vocab == data.tgt_vocab
-    assert other.numbers["train"] != data.numbers["train"]
+    small = NumberTranslation(num_train=200, num_valid=10, num_test=10, seed=0)
+    other = NumberTranslation(num_train=200, num_valid=10, num_test=10, seed=1)
+    assert other.numbers["train"] != small.numbers["train"]
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     b1 = next(data.batches("train", 16, generator=g1))
     b2 = next(again.batches("train", 16, generator=g2))
@@ -133,7 +134,7 @@ def test_too_many_numbers():
 
 def test_batch_shapes_and_padding(data):
     batches = list(data.batches("valid", batch_size=64))
-    assert [b.src.size(0) for b in batches] == [64, 64, 64, 64, 44]
+    assert [b.src.size(0) for b in batches] == [64, 64, 64, 8]
     pairs = data.pairs("valid")
     b = batches[0]
     assert isinstance(b, Batch)
@@ -157,9 +158,11 @@ def test_batch_shapes_and_padding(data):
 
 
 def test_shuffled_batches_cover_the_split(data):
-    batches = list(data.batches("train", batch_size=128, generator=torch.Generator().manual_seed(0)))
-    assert sum(b.src.size(0) for b in batches) == 2000
-    assert len(list(data.batches("train", batch_size=128, drop_last=True))) == 2000 // 128
+    batches = list(
+        data.batches("train", batch_size=128, generator=torch.Generator().manual_seed(0))
+    )
+    assert sum(b.src.size(0) for b in batches) == 1500
+    assert len(list(data.batches("train", batch_size=128, drop_last=True))) == 1500 // 128
     with pytest.raises(ValueError, match="split"):
         next(data.batches("dev"))
 
