@@ -394,7 +394,8 @@ def _check_split(split: str) -> str:
 def _pad(sequences: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Lists of ids -> ``(len(sequences), longest)`` padded with ``pad_id``, and their lengths."""
     lens = torch.tensor([len(s) for s in sequences], dtype=torch.long)
-    out = torch.full((len(sequences), int(lens.max())), pad_id, dtype=torch.long)
+    longest = max((len(s) for s in sequences), default=0)
+    out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
     for i, s in enumerate(sequences):
         out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     return out, lens

@@ -259,7 +259,8 @@ def fit(
                 loss_value if smooth_loss is None else 0.9 * smooth_loss + 0.1 * loss_value
             )
             smooth_speed = speed if smooth_speed is None else 0.9 * smooth_speed + 0.1 * speed
-            if eval_every and (step % eval_every == 0 or step == num_steps):
+            validate = eval_every and (step % eval_every == 0 or step == num_steps)
+            if validate and data.numbers["valid"]:
                 history["valid_step"].append(step)
                 history["valid_loss"].append(valid_loss(model, data, "valid", device=device))
                 model.train()
@@ -309,7 +310,7 @@ def valid_loss(
         )
         total += loss.item()
         count += int(batch.tgt_valid_lens.sum())
-    return total / count
+    return total / count if count else float("nan")
 
 
 @torch.no_grad()
