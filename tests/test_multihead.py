@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import randn as _randn
+from helpers import upstream as _upstream
 from torch import nn
 
 import mhbook
@@ -16,16 +18,6 @@ D_MODEL, NUM_HEADS = 16, 4
 def _torch_mha(dtype, bias=True, seed=0):
     torch.manual_seed(seed)
     return nn.MultiheadAttention(D_MODEL, NUM_HEADS, bias=bias, batch_first=True, dtype=dtype)
-
-
-def _randn(*shape, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype, requires_grad=True)
-
-
-def _upstream(output, seed=99):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(output.shape, generator=g, dtype=output.dtype)
 
 
 def _inputs(kind, dtype):
