@@ -8,12 +8,13 @@ from . import bleu, data, plot, train, widgets
 from .attention import scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
 from .blocks import DecoderBlock, EncoderBlock
+from .config import BOOK_CONFIG, Config, DataConfig, ModelConfig, TrainConfig
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
 from .masks import causal_mask, check_mask, padding_mask
 from .multihead import MultiHeadAttention
 from .plot import plot_attention_grid, plot_heatmap, plot_history, plot_lines, plot_mask
-from .train import BOOK_CONFIG, book_model, evaluate, fit, make_data, make_model
+from .train import book_model, evaluate, fit, make_data, make_model
 from .transformer import Transformer, TransformerDecoder, TransformerEncoder, record_attention
 from .utils import get_device, load_checkpoint, save_checkpoint, set_seed
 from .widgets import attention_explorer, attention_explorer_html
@@ -49,6 +50,10 @@ __all__ = [
     "corpus_bleu",
     "sentence_bleu",
     "BOOK_CONFIG",
+    "Config",
+    "DataConfig",
+    "ModelConfig",
+    "TrainConfig",
     "make_data",
     "make_model",
     "fit",

@@ -28,6 +28,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from .attention import scaled_dot_product_attention
+from .config import ModelConfig
 from .multihead import MultiHeadAttention
 from .transformer import Transformer
 
@@ -214,7 +215,9 @@ def bench_training(
     drawn between ``length // 2`` and ``length``), cross-entropy, backward, ``Adam.step()``.
     """
     torch.manual_seed(0)
-    model = Transformer(vocab_size, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1)
+    model = Transformer(
+        ModelConfig(d_model, num_heads, num_layers, d_ff, dropout=0.1), vocab_size, vocab_size
+    )
     model.to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     src = torch.randint(0, vocab_size, (batch, length), device=device)
@@ -255,7 +258,8 @@ def bench_decoding(
     ``vocab_size`` logits can never return, so decoding never stops early.
     """
     torch.manual_seed(0)
-    model = Transformer(vocab_size, vocab_size, 64, 4, 2, 256, dropout=0.0).to(device).eval()
+    model = Transformer(ModelConfig(64, 4, 2, 256), vocab_size, vocab_size)
+    model = model.to(device).eval()
     src = torch.randint(0, vocab_size, (batch, src_len), device=device)
     valid_lens = torch.full((batch,), src_len, device=device)
     never = vocab_size

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import math
 import os
 import time
@@ -24,6 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .bleu import corpus_bleu
+from .config import BOOK_CONFIG, FAST_CONFIG, Config
 from .data import NumberTranslation, tokenize
 from .transformer import Transformer
 from .utils import get_device, load_checkpoint, save_checkpoint, set_seed
@@ -42,82 +43,18 @@ __all__ = [
     "book_model",
 ]
 
-#: The book's standard model and how it is trained (used by chapters 6, 7 and 8).
-BOOK_CONFIG: dict = {
-    "data": {
-        "max_number": 999_999,
-        "num_train": 20_000,
-        "num_valid": 500,
-        "num_test": 1_000,
-        "seed": 0,
-    },
-    "model": {
-        "d_model": 64,
-        "num_heads": 4,
-        "num_layers": 2,
-        "d_ff": 128,
-        "dropout": 0.0,
-        "norm_first": False,
-    },
-    "train": {
-        "num_steps": 800,
-        "batch_size": 64,
-        "lr": 3e-3,
-        "warmup_steps": 100,
-        "min_lr_ratio": 0.01,
-        "weight_decay": 0.0,
-        "clip_norm": 1.0,
-        "label_smoothing": 0.0,
-        "eval_every": 200,
-        "seed": 0,
-        "num_threads": 1,
-    },
-}
 
-#: A small, quick configuration for tests and exercises.
-FAST_CONFIG: dict = {
-    "data": {
-        "max_number": 999_999,
-        "num_train": 10_000,
-        "num_valid": 200,
-        "num_test": 300,
-        "seed": 0,
-    },
-    "model": {
-        "d_model": 32,
-        "num_heads": 4,
-        "num_layers": 2,
-        "d_ff": 64,
-        "dropout": 0.0,
-        "norm_first": False,
-    },
-    "train": {
-        "num_steps": 600,
-        "batch_size": 64,
-        "lr": 5e-3,
-        "warmup_steps": 50,
-        "min_lr_ratio": 0.01,
-        "weight_decay": 0.0,
-        "clip_norm": 1.0,
-        "label_smoothing": 0.0,
-        "eval_every": 200,
-        "seed": 0,
-        "num_threads": 1,
-    },
-}
-
-
-def make_data(config: dict = BOOK_CONFIG) -> NumberTranslation:
-    """The data set of ``config["data"]``."""
-    return NumberTranslation(**config["data"])
+def make_data(config: Config = BOOK_CONFIG) -> NumberTranslation:
+    """The data set of ``config.data``."""
+    return NumberTranslation(**dataclasses.asdict(config.data))
 
 
 def make_model(
-    data: NumberTranslation, config: dict = BOOK_CONFIG, device: torch.device | str | None = None
+    data: NumberTranslation, config: Config = BOOK_CONFIG, device: torch.device | str | None = None
 ) -> Transformer:
     """A fresh :class:`~mhbook.Transformer` sized for ``data``'s vocabularies, with
-    ``config["model"]``. Seed first (``mhbook.set_seed``) for reproducible weights."""
-    model = Transformer(len(data.src_vocab), len(data.tgt_vocab), **config["model"])
+    ``config.model``. Seed first (``mhbook.set_seed``) for reproducible weights."""
+    model = Transformer(config.model, len(data.src_vocab), len(data.tgt_vocab))
     return model.to(device if device is not None else get_device())
 
 
@@ -353,7 +290,7 @@ def book_model(
     device: torch.device | str | None = None,
     checkpoint: str | os.PathLike | None = "checkpoints/book-transformer.pt",
     progress: bool = True,
-    config: dict = BOOK_CONFIG,
+    config: Config = BOOK_CONFIG,
 ) -> tuple[Transformer, NumberTranslation, dict | None]:
     """The book's trained Transformer, loaded from ``checkpoint`` or trained now.
 
@@ -377,7 +314,7 @@ def book_model(
         data = make_data(config)
     device = torch.device(device) if device is not None else get_device()
     expected = {
-        "config": copy.deepcopy(config),
+        "config": config.to_dict(),
         "src_vocab": data.src_vocab.id_to_token,
         "tgt_vocab": data.tgt_vocab.id_to_token,
     }
@@ -396,9 +333,9 @@ def book_model(
             model.eval()
             return model, data, extra.get("history")
 
-    set_seed(config["train"]["seed"])
+    set_seed(config.train.seed)
     model = make_model(data, config, device)
-    history = fit(model, data, device=device, progress=progress, **config["train"])
+    history = fit(model, data, device=device, progress=progress, **dataclasses.asdict(config.train))
     if checkpoint is not None:
         path = Path(checkpoint)
         path.parent.mkdir(parents=True, exist_ok=True)

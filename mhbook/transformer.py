@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .blocks import DecoderBlock, EncoderBlock
+from .config import ModelConfig
 from .layers import PositionalEncoding
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention
@@ -22,54 +23,60 @@ __all__ = [
 ]
 
 
-class TransformerEncoder(nn.Module):
-    """Embedding, positional encoding and ``num_layers`` :class:`EncoderBlock`.
+class _Stack(nn.Module):
+    """What the encoder and the decoder share: token embedding scaled by ``sqrt(d_model)``,
+    positional encoding, ``config.num_layers`` blocks, and (pre-norm only) a final layer norm."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, block: type[nn.Module]):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a mhbook.ModelConfig, got {type(config).__name__}")
+        self.config = config
+        self.d_model = config.d_model
+        self.embedding = nn.Embedding(vocab_size, config.d_model)
+        self.pos_encoding = PositionalEncoding(config.d_model, config.dropout)
+        self.blocks = nn.ModuleList(
+            block(config.d_model, config.num_heads, config.d_ff, config.dropout, config.norm_first)
+            for _ in range(config.num_layers)
+        )
+        self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
+
+    def embed(self, tokens: torch.Tensor, name: str, offset: int = 0) -> torch.Tensor:
+        """``(batch, L)`` token ids -> ``(batch, L, d_model)`` embeddings plus positions."""
+        _check_tokens(name, tokens, self.embedding.num_embeddings)
+        x = self.embedding(tokens) * math.sqrt(self.d_model)
+        return self.pos_encoding(x, offset=offset)
+
+
+class TransformerEncoder(_Stack):
+    """Embedding, positional encoding and ``config.num_layers`` :class:`EncoderBlock`.
 
     Embeddings are scaled by ``sqrt(d_model)`` before the encoding is added. With
     ``norm_first=True`` a final layer norm follows the last block, as pre-norm needs.
     """
 
-    def __init__(
-        self, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1, norm_first=False
-    ):
-        super().__init__()
-        self.d_model = d_model
-        self.embedding = nn.Embedding(vocab_size, d_model)
-        self.pos_encoding = PositionalEncoding(d_model, dropout)
-        self.blocks = nn.ModuleList(
-            EncoderBlock(d_model, num_heads, d_ff, dropout, norm_first) for _ in range(num_layers)
-        )
-        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+    def __init__(self, config: ModelConfig, vocab_size: int):
+        super().__init__(config, vocab_size, EncoderBlock)
 
     def forward(self, src: torch.Tensor, valid_lens: torch.Tensor | None = None) -> torch.Tensor:
         """``src`` ``(batch, S)`` token ids, ``valid_lens`` ``(batch,)``.
 
         Returns ``(batch, S, d_model)``.
         """
-        _check_tokens("src", src)
         mask = None if valid_lens is None else padding_mask(valid_lens, src.size(1))
-        x = self.pos_encoding(self.embedding(src) * math.sqrt(self.d_model))
+        x = self.embed(src, "src")
         for block in self.blocks:
             x = block(x, mask)
         return self.norm(x)
 
 
-class TransformerDecoder(nn.Module):
-    """Embedding, positional encoding, ``num_layers`` :class:`DecoderBlock` and a
+class TransformerDecoder(_Stack):
+    """Embedding, positional encoding, ``config.num_layers`` :class:`DecoderBlock` and a
     linear layer to vocabulary logits."""
 
-    def __init__(
-        self, vocab_size, d_model, num_heads, num_layers, d_ff, dropout=0.1, norm_first=False
-    ):
-        super().__init__()
-        self.d_model = d_model
-        self.embedding = nn.Embedding(vocab_size, d_model)
-        self.pos_encoding = PositionalEncoding(d_model, dropout)
-        self.blocks = nn.ModuleList(
-            DecoderBlock(d_model, num_heads, d_ff, dropout, norm_first) for _ in range(num_layers)
-        )
-        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
-        self.output = nn.Linear(d_model, vocab_size)
+    def __init__(self, config: ModelConfig, vocab_size: int):
+        super().__init__(config, vocab_size, DecoderBlock)
+        self.output = nn.Linear(config.d_model, vocab_size)
 
     def forward(
         self,
@@ -89,7 +96,6 @@ class TransformerDecoder(nn.Module):
         Returns:
             ``(batch, T, vocab_size)``.
         """
-        _check_tokens("tgt", tgt)
         if memory.size(0) != tgt.size(0):
             raise ValueError(
                 f"tgt and memory have different batch sizes: tgt {tuple(tgt.shape)}, "
@@ -99,8 +105,7 @@ class TransformerDecoder(nn.Module):
         num_new = tgt.size(1)
         # Bottom-right alignment: the new tokens see every cached one and the earlier new ones.
         self_mask = causal_mask(num_new, num_cached + num_new, device=tgt.device)
-        x = self.embedding(tgt) * math.sqrt(self.d_model)
-        x = self.pos_encoding(x, offset=num_cached)
+        x = self.embed(tgt, "tgt", offset=num_cached)
         for i, block in enumerate(self.blocks):
             x = block(x, memory, self_mask, memory_mask, None if caches is None else caches[i])
         return self.output(self.norm(x))
@@ -110,27 +115,21 @@ class Transformer(nn.Module):
     """The encoder-decoder Transformer.
 
     Args:
+        config: the model's shape (:class:`mhbook.ModelConfig`): ``d_model``, ``num_heads``,
+            ``num_layers`` (in the encoder and in the decoder), ``d_ff``, ``dropout``,
+            ``norm_first``.
         src_vocab_size, tgt_vocab_size: vocabulary sizes.
-        d_model: model width. num_heads: heads per attention layer.
-        num_layers: blocks in the encoder and in the decoder. d_ff: FFN hidden size.
-        dropout: dropout everywhere. norm_first: pre-norm instead of post-norm.
+
+    Example::
+
+        model = Transformer(ModelConfig(d_model=32, num_heads=4), 40, 40)
     """
 
-    def __init__(
-        self,
-        src_vocab_size: int,
-        tgt_vocab_size: int,
-        d_model: int,
-        num_heads: int,
-        num_layers: int,
-        d_ff: int,
-        dropout: float = 0.1,
-        norm_first: bool = False,
-    ):
+    def __init__(self, config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
         super().__init__()
-        args = (d_model, num_heads, num_layers, d_ff, dropout, norm_first)
-        self.encoder = TransformerEncoder(src_vocab_size, *args)
-        self.decoder = TransformerDecoder(tgt_vocab_size, *args)
+        self.config = config
+        self.encoder = TransformerEncoder(config, src_vocab_size)
+        self.decoder = TransformerDecoder(config, tgt_vocab_size)
 
     def forward(
         self, src: torch.Tensor, tgt_in: torch.Tensor, src_valid_lens: torch.Tensor
@@ -231,7 +230,7 @@ def record_attention(model: nn.Module):
             m.keep_weights = previous[name]
 
 
-def _check_tokens(name: str, t: torch.Tensor) -> None:
+def _check_tokens(name: str, t: torch.Tensor, vocab_size: int | None = None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(t).__name__}")
     if t.dim() != 2:

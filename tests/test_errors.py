@@ -27,7 +27,7 @@ def mha():
 @pytest.fixture
 def model():
     torch.manual_seed(0)
-    return mhbook.Transformer(11, 13, D_MODEL, NUM_HEADS, 1, 16, dropout=0.0)
+    return mhbook.Transformer(mhbook.ModelConfig(D_MODEL, NUM_HEADS, 1, 16), 11, 13)
 
 
 def x(*shape):

@@ -17,7 +17,11 @@ SRC_VOCAB, TGT_VOCAB, D_MODEL, NUM_HEADS = 11, 13, 16, 4
 
 def _meta_model(norm_first: bool) -> mhbook.Transformer:
     with META:
-        return mhbook.Transformer(SRC_VOCAB, TGT_VOCAB, D_MODEL, NUM_HEADS, 2, 32, 0.1, norm_first)
+        return mhbook.Transformer(
+            mhbook.ModelConfig(D_MODEL, NUM_HEADS, 2, 32, dropout=0.1, norm_first=norm_first),
+            SRC_VOCAB,
+            TGT_VOCAB,
+        )
 
 
 def _meta_batch(batch=2, src_len=5, tgt_len=4):
@@ -40,7 +44,8 @@ def test_transformer_forward_backward_on_meta(norm_first):
 
 def test_model_moved_to_meta():
     torch.manual_seed(0)
-    model = mhbook.Transformer(SRC_VOCAB, TGT_VOCAB, D_MODEL, NUM_HEADS, 1, 32).to(META).eval()
+    model = mhbook.Transformer(mhbook.ModelConfig(D_MODEL, NUM_HEADS, 1, 32), SRC_VOCAB, TGT_VOCAB)
+    model = model.to(META).eval()
     src, tgt_in, valid_lens = _meta_batch()
     with mhbook.record_attention(model) as weights:
         logits = model(src, tgt_in, valid_lens)

@@ -1,6 +1,6 @@
 """Training, evaluation and the book's model (mhbook.train), on the CPU."""
 
-import copy
+import dataclasses
 import math
 
 import pytest
@@ -24,19 +24,22 @@ from mhbook.utils import set_seed
 HISTORY_KEYS = {"step", "loss", "lr", "tokens_per_s", "valid_step", "valid_loss", "time_s"}
 
 # A few seconds of training: for the plumbing, not the accuracy.
-TINY_CONFIG = copy.deepcopy(FAST_CONFIG)
-TINY_CONFIG["data"].update(num_train=300, num_valid=50, num_test=50)
-TINY_CONFIG["model"].update(d_model=16, num_heads=2, num_layers=1, d_ff=32)
-TINY_CONFIG["train"].update(num_steps=12, warmup_steps=4, eval_every=5, batch_size=32)
+TINY_CONFIG = FAST_CONFIG.replace(
+    data={"num_train": 300, "num_valid": 50, "num_test": 50},
+    model={"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 32},
+    train={"num_steps": 12, "warmup_steps": 4, "eval_every": 5, "batch_size": 32},
+)
 
 
 @pytest.fixture(scope="module")
 def trained():
     """The fast configuration, trained once for this module (about 20 s of one CPU core)."""
     data = make_data(FAST_CONFIG)
-    set_seed(FAST_CONFIG["train"]["seed"])
+    set_seed(FAST_CONFIG.train.seed)
     model = make_model(data, FAST_CONFIG, device="cpu")
-    history = fit(model, data, device="cpu", progress=False, **FAST_CONFIG["train"])
+    history = fit(
+        model, data, device="cpu", progress=False, **dataclasses.asdict(FAST_CONFIG.train)
+    )
     return model, data, history
 
 
@@ -55,7 +58,7 @@ def test_short_training_translates_held_out_numbers(trained):
 def test_history(trained):
     _, _, history = trained
     assert set(history) == HISTORY_KEYS
-    num_steps = FAST_CONFIG["train"]["num_steps"]
+    num_steps = FAST_CONFIG.train.num_steps
     for key in ("step", "loss", "lr", "tokens_per_s", "time_s"):
         assert len(history[key]) == num_steps
     assert history["step"] == list(range(1, num_steps + 1))
@@ -65,9 +68,9 @@ def test_history(trained):
     assert sum(history["loss"][-20:]) < sum(history["loss"][:20])
     lr = history["lr"]
     peak = lr.index(max(lr))
-    warmup = FAST_CONFIG["train"]["warmup_steps"]
+    warmup = FAST_CONFIG.train.warmup_steps
     assert peak in (warmup - 1, warmup)  # warm-up then decay
-    assert max(lr) == pytest.approx(FAST_CONFIG["train"]["lr"])
+    assert max(lr) == pytest.approx(FAST_CONFIG.train.lr)
     assert all(a <= b for a, b in zip(lr[:peak], lr[1 : peak + 1]))
     assert all(a >= b for a, b in zip(lr[peak:], lr[peak + 1 :]))
     assert all(s > 0 for s in history["tokens_per_s"])
@@ -138,8 +141,7 @@ def test_book_model_is_deterministic_and_checkpointed(tmp_path, capsys):
     sentences = [en for en, _ in data.pairs("test")[:5]]
     assert data.translate(model1, sentences) == data.translate(model3, sentences)
     # Another configuration does not load this checkpoint: it trains again.
-    other = copy.deepcopy(TINY_CONFIG)
-    other["train"]["num_steps"] = 6
+    other = TINY_CONFIG.replace(train={"num_steps": 6})
     capsys.readouterr()
     _, _, history4 = book_model(device="cpu", checkpoint=path, progress=False, config=other)
     assert "another configuration" in capsys.readouterr().out
@@ -149,12 +151,12 @@ def test_book_model_is_deterministic_and_checkpointed(tmp_path, capsys):
 def test_book_config_is_complete():
     data = NumberTranslation(num_train=50, num_valid=5, num_test=5)
     model = make_model(data, BOOK_CONFIG, device="cpu")
-    assert model.encoder.d_model == BOOK_CONFIG["model"]["d_model"]
-    assert len(model.encoder.blocks) == BOOK_CONFIG["model"]["num_layers"]
+    assert model.encoder.d_model == BOOK_CONFIG.model.d_model
+    assert len(model.encoder.blocks) == BOOK_CONFIG.model.num_layers
     # Every training entry is an argument of fit().
     fit_args = fit.__code__.co_varnames[: fit.__code__.co_argcount]
-    assert set(BOOK_CONFIG["train"]) <= set(fit_args)
-    assert set(FAST_CONFIG["train"]) <= set(fit_args)
+    assert set(dataclasses.asdict(BOOK_CONFIG.train)) <= set(fit_args)
+    assert set(dataclasses.asdict(FAST_CONFIG.train)) <= set(fit_args)
 
 
 def test_book_model_retrains_over_a_broken_checkpoint(tmp_path, capsys):
@@ -164,7 +166,7 @@ def test_book_model_retrains_over_a_broken_checkpoint(tmp_path, capsys):
         device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG
     )
     assert "could not read" in capsys.readouterr().out
-    assert len(history["step"]) == TINY_CONFIG["train"]["num_steps"]
+    assert len(history["step"]) == TINY_CONFIG.train.num_steps
     assert not list(tmp_path.glob("*.partial"))
     again, _, _ = book_model(
         data, device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG

@@ -18,16 +18,15 @@ BOS, EOS = 1, 2
 
 def _model(dtype=torch.float64, norm_first=False, seed=0) -> mhbook.Transformer:
     torch.manual_seed(seed)
-    model = mhbook.Transformer(
-        SRC_VOCAB,
-        TGT_VOCAB,
-        D_MODEL,
-        NUM_HEADS,
-        NUM_LAYERS,
-        D_FF,
+    config = mhbook.ModelConfig(
+        d_model=D_MODEL,
+        num_heads=NUM_HEADS,
+        num_layers=NUM_LAYERS,
+        d_ff=D_FF,
         dropout=0.0,
         norm_first=norm_first,
     )
+    model = mhbook.Transformer(config, SRC_VOCAB, TGT_VOCAB)
     return model.to(dtype).eval()
 
 
@@ -217,7 +216,11 @@ def test_decoder_with_caches_equals_full_pass(norm_first, dtype, assert_close):
 # -- utils ---------------------------------------------------------------------------------
 def test_set_seed_reproduces_python_numpy_and_torch():
     def draw():
-        model = mhbook.Transformer(SRC_VOCAB, TGT_VOCAB, D_MODEL, NUM_HEADS, 1, D_FF)
+        model = mhbook.Transformer(
+            mhbook.ModelConfig(d_model=D_MODEL, num_heads=NUM_HEADS, num_layers=1, d_ff=D_FF),
+            SRC_VOCAB,
+            TGT_VOCAB,
+        )
         return random.random(), np.random.rand(3).tolist(), torch.rand(3), model.state_dict()
 
     mhbook.set_seed(123)
