@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["get_device", "set_seed", "save_checkpoint", "load_checkpoint"]
+__all__ = ["get_device", "set_seed", "save_checkpoint", "load_checkpoint", "describe_machine"]
 
 
 def get_device() -> torch.device:
@@ -44,3 +44,21 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, map_location=None
     checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     model.load_state_dict(checkpoint.pop("model"))
     return checkpoint
+
+
+def describe_machine() -> str:
+    """One line naming what runs the code: the processor architecture, the CPU kernels
+    PyTorch picked (``AVX2``, ``AVX512``, ``DEFAULT``, ...), its threads, the torch version
+    and the GPU if there is one.
+
+    Each chapter prints it first, so that a reader sees where the stored outputs came
+    from: float results differ in their last digits between CPU kernels and thread counts.
+    """
+    import platform
+
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return (
+        f"{platform.machine()}, CPU kernels {torch.backends.cpu.get_cpu_capability()}, "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+        f"Python {platform.python_version()}{gpu}"
+    )

@@ -1,5 +1,6 @@
 # Colab set-up: in Google Colab, install the version of mhbook this book was written with.
-# Locally and in CI this cell does nothing (mhbook is installed with `pip install -e .`).
+# Locally and in CI this cell installs nothing (mhbook is installed with `pip install -e .`).
+# It then prints the machine: float results differ in their last digits between machines.
 import os
 import subprocess
 import sys
@@ -10,3 +11,7 @@ MHBOOK_SOURCE = os.environ.get(
 )
 if "google.colab" in sys.modules or "MHBOOK_SOURCE" in os.environ:
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", MHBOOK_SOURCE], check=True)
+
+import mhbook
+
+print(mhbook.describe_machine())
