@@ -16,7 +16,7 @@ from .multihead import MultiHeadAttention
 from .plot import plot_attention_grid, plot_heatmap, plot_history, plot_lines, plot_mask
 from .train import book_model, evaluate, fit, make_data, make_model
 from .transformer import Transformer, TransformerDecoder, TransformerEncoder, record_attention
-from .utils import describe_machine, get_device, load_checkpoint, save_checkpoint, set_seed
+from .utils import describe_machine, get_device, glue, load_checkpoint, save_checkpoint, set_seed
 from .widgets import attention_explorer, attention_explorer_html
 
 __version__ = "0.1.0"
@@ -62,6 +62,7 @@ __all__ = [
     # utilities, plots, widgets
     "get_device",
     "describe_machine",
+    "glue",
     "set_seed",
     "save_checkpoint",
     "load_checkpoint",

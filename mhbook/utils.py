@@ -9,7 +9,14 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["get_device", "set_seed", "save_checkpoint", "load_checkpoint", "describe_machine"]
+__all__ = [
+    "get_device",
+    "set_seed",
+    "save_checkpoint",
+    "load_checkpoint",
+    "describe_machine",
+    "glue",
+]
 
 
 def get_device() -> torch.device:
@@ -62,3 +69,18 @@ def describe_machine() -> str:
         f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
         f"Python {platform.python_version()}{gpu}"
     )
+
+
+def glue(name: str, value) -> None:
+    """Hand ``value`` to the chapter's text, where ``{glue:text}`name:.1f``` shows it.
+
+    The book's prose quotes computed results through this (myst-nb's ``glue``), so the
+    text always shows what the reader's own run printed. Where myst-nb is not installed
+    (Colab, a plain Jupyter) it does nothing. Glue only in cells tagged
+    ``nbval-ignore-output``: the glued value is an output, and nbval compares outputs.
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return
+    myst_glue(name, value, display=False)
