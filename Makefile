@@ -21,10 +21,12 @@ chromium:
 book: setup
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
+# Two pytest-xdist workers, a whole file (a chapter's kernel) on each; chapters/conftest.py
+# runs each chapter on another CPU kernel set and thread count than the native ones.
 test: setup chromium
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/pytest --nbval --nbval-current-env tests chapters
+	$(BIN)/pytest -n 2 --dist loadfile --nbval --nbval-current-env tests chapters
 
 bench: setup
 	$(BIN)/python -m mhbook.bench

@@ -1,0 +1,90 @@
+"""nbval runs each chapter on other CPU kernels and thread counts than the author's.
+
+The committed outputs come from one machine (its first cell says which). A reader's
+CPU picks other floating-point kernels (``torch.backends.cpu.get_cpu_capability()``:
+``AVX512``, ``AVX2``, ``DEFAULT``, an arm64 set) and has another number of cores, and
+both change the last digits of float results. The chapters print exact things exactly and
+assert their claims about float results, so they must pass whatever the kernels; this
+file makes every ``pytest --nbval`` run prove it on settings other than the native one.
+
+Unless the caller sets them, each chapter's kernel is started with
+
+* ``ATEN_CPU_CAPABILITY`` from :data:`KERNELS`, in turn by chapter (``native`` leaves it
+  unset), and
+* ``OMP_NUM_THREADS`` (PyTorch's threads) from :data:`THREADS`, in turn by every third
+  chapter,
+
+so one run covers all three kernel sets and all three thread counts. A caller's own
+``ATEN_CPU_CAPABILITY`` or ``OMP_NUM_THREADS`` applies to every chapter instead, e.g.
+``ATEN_CPU_CAPABILITY=default pytest --nbval chapters``. ``MHBOOK_NBVAL_NATIVE=1`` runs
+every chapter natively. The settings used are listed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+KERNELS = ("native", "default", "avx2")
+THREADS = (1, 2, 4)
+
+_used: dict[str, str] = {}
+
+
+def setting_for(index: int) -> dict[str, str | None]:
+    """The environment of the ``index``-th chapter (0-based, in file-name order)."""
+    kernel = KERNELS[index % len(KERNELS)]
+    threads = THREADS[(index // len(KERNELS)) % len(THREADS)]
+    return {
+        "ATEN_CPU_CAPABILITY": None if kernel == "native" else kernel,
+        "OMP_NUM_THREADS": str(threads),
+    }
+
+
+def _chapter_index(path: Path) -> int:
+    chapters = sorted(p.name for p in Path(__file__).parent.glob("*.ipynb"))
+    return chapters.index(path.name) if path.name in chapters else 0
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    """Set the environment just before nbval starts a chapter's kernel, then restore it."""
+    notebook = Path(str(item.fspath))
+    starting = notebook.suffix == ".ipynb" and getattr(item.parent, "kernel", None) is None
+    if not starting or os.environ.get("MHBOOK_NBVAL_NATIVE") == "1":
+        yield
+        return
+    wanted = setting_for(_chapter_index(notebook))
+    saved = {name: os.environ.get(name) for name in wanted}
+    for name, value in wanted.items():
+        if saved[name] is not None:
+            continue  # the caller's own setting wins
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    setting = ", ".join(f"{name}={os.environ.get(name, 'unset (native)')}" for name in wanted)
+    item.user_properties.append(("chapter_setting", setting))  # reaches xdist's controller
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def pytest_runtest_logreport(report):
+    for key, value in report.user_properties:
+        if key == "chapter_setting":
+            _used[report.nodeid.split("::")[0]] = value
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _used:
+        terminalreporter.section("chapters ran with")
+        for name, setting in sorted(_used.items()):
+            terminalreporter.write_line(f"{name}: {setting}")
