@@ -305,3 +305,28 @@ def test_every_figure_has_a_title(path):
         if not titled:
             untitled.append(f"cell {n}: {cell.source[:80]!r}")
     assert not untitled, f"{path.name}: figures without a title:\n  " + "\n  ".join(untitled)
+
+
+# ------------------------------------------------------------- nbval runs on other CPU kernels
+
+
+def test_nbval_covers_other_kernels_and_thread_counts():
+    """chapters/conftest.py gives the chapters, between them, every kernel set and thread
+    count it lists, so each ``pytest --nbval chapters`` proves non-native settings too."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "chapters_conftest", ROOT / "chapters" / "conftest.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    settings = [module.setting_for(i) for i in range(len(CHAPTERS))]
+    kernels = {s["ATEN_CPU_CAPABILITY"] for s in settings}
+    threads = {s["OMP_NUM_THREADS"] for s in settings}
+    assert kernels == {None, "default", "avx2"}, kernels
+    assert threads == {"1", "2", "4"}, threads
+    # Each non-native kernel meets more than one thread count.
+    for kernel in ("default", "avx2"):
+        assert (
+            len({s["OMP_NUM_THREADS"] for s in settings if s["ATEN_CPU_CAPABILITY"] == kernel}) > 1
+        )
