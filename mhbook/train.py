@@ -64,6 +64,10 @@ __all__ = [
     "book_model",
 ]
 
+# Bumped whenever fit's arithmetic changes (version 2: the fused AdamW), so that book_model
+# trains again over a checkpoint that this code would not reproduce.
+_TRAINER_VERSION = 2
+
 #: ``loss_fn(model, batch) -> (loss, n_tokens)``: the mean loss over ``n_tokens`` tokens.
 LossFn = Callable[[nn.Module, object], "tuple[torch.Tensor, torch.Tensor | int]"]
 
@@ -487,22 +491,28 @@ def book_model(
     if data is None:
         data = make_data(config)
     device = torch.device(device) if device is not None else get_device()
-    vocabs = {"src_vocab": data.src_vocab.id_to_token, "tgt_vocab": data.tgt_vocab.id_to_token}
+    expected = {
+        "src_vocab": data.src_vocab.id_to_token,
+        "tgt_vocab": data.tgt_vocab.id_to_token,
+        "trainer_version": _TRAINER_VERSION,
+    }
     if checkpoint is not None and Path(checkpoint).exists():
         stored = _read_checkpoint(checkpoint)
-        if stored.get("config") == config.to_dict() and all(
-            stored.get(k) == v for k, v in vocabs.items()
-        ):
+        same = stored.get("config") == config.to_dict()
+        if same and all(stored.get(k) == v for k, v in expected.items()):
             return _model_from(stored, device, checkpoint), data, stored.get("history")
         if stored:
-            print(f"{checkpoint} was written for another configuration: training again.")
+            print(
+                f"{checkpoint} was written for another configuration or by an older fit: "
+                "training again."
+            )
 
     set_seed(config.train.seed)
     model = make_model(data, config, device)
     history = fit(model, data, config.train, device=device, progress=progress)
     if checkpoint is not None:
         Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(checkpoint, model, config=config, history=history, **vocabs)
+        save_checkpoint(checkpoint, model, config=config, history=history, **expected)
     return model, data, history
 
 

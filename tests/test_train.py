@@ -367,7 +367,12 @@ def test_book_model_is_deterministic_and_checkpointed(tmp_path, capsys):
     model4, stored = load_model(path, device="cpu")
     assert stored["config"] == TINY_CONFIG and stored["history"] == history1
     assert data.translate(model4, sentences) == data.translate(model1, sentences)
-    # Another configuration does not load this checkpoint: it trains again.
+    # A checkpoint of an older fit, or of another configuration, is trained again.
+    stored = torch.load(path, weights_only=True)
+    torch.save({**stored, "trainer_version": 1}, tmp_path / "old.pt")
+    capsys.readouterr()
+    book_model(device="cpu", checkpoint=tmp_path / "old.pt", progress=False, config=TINY_CONFIG)
+    assert "older fit" in capsys.readouterr().out
     other = TINY_CONFIG.replace(train={"num_steps": 6})
     capsys.readouterr()
     _, _, history5 = book_model(device="cpu", checkpoint=path, progress=False, config=other)
