@@ -2,24 +2,82 @@
 
 Everything a chapter needs is re-exported here, e.g. ``mhbook.MultiHeadAttention``;
 the modules are importable too (``mhbook.plot``, ``mhbook.data``, ...).
+
+``import mhbook`` is cheap: the plots (matplotlib) and the explorers (ipywidgets) are
+imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
+(PEP 562, the module's ``__getattr__`` below).
 """
 
-from . import bleu, data, plot, train, widgets
+import importlib
+
+from . import bleu, config, data, train
 from .attention import scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
 from .blocks import DecoderBlock, EncoderBlock
-from .config import BOOK_CONFIG, Config, DataConfig, ModelConfig, TrainConfig
+from .config import BOOK_CONFIG, FAST_CONFIG, Config, DataConfig, ModelConfig, TrainConfig
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
 from .masks import causal_mask, check_mask, padding_mask
 from .multihead import MultiHeadAttention
-from .plot import plot_attention_grid, plot_heatmap, plot_history, plot_lines, plot_mask
-from .train import book_model, evaluate, fit, make_data, make_model
+from .train import (
+    TrainingLog,
+    book_model,
+    cpu_threads,
+    evaluate,
+    fit,
+    load_model,
+    lr_lambda,
+    make_data,
+    make_model,
+    make_optimizer,
+    make_scheduler,
+    sequence_loss,
+    translation_loss,
+    valid_loss,
+)
 from .transformer import Transformer, TransformerDecoder, TransformerEncoder, record_attention
-from .utils import describe_machine, get_device, glue, load_checkpoint, save_checkpoint, set_seed
-from .widgets import attention_explorer, attention_explorer_html
+from .utils import (
+    describe_machine,
+    get_device,
+    glue,
+    load_checkpoint,
+    save_checkpoint,
+    set_seed,
+    to_numpy,
+)
 
 __version__ = "0.1.0"
+
+# Imported on first use: name -> the module (of this package) that defines it.
+_LAZY = {
+    "plot": "plot",
+    "plot_heatmap": "plot",
+    "plot_attention_grid": "plot",
+    "plot_mask": "plot",
+    "plot_history": "plot",
+    "plot_lines": "plot",
+    "explorers": "explorers",
+    "attention_explorer": "explorers",
+    "attention_explorer_html": "explorers",
+    "explorer_weights": "explorers",
+    "focus_preset": "explorers",
+    "explorer_title": "explorers",
+}
+
+
+def __getattr__(name: str):
+    """Import a plot, an explorer or their module the first time it is used."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mhbook' has no attribute {name!r}")
+    module = importlib.import_module(f".{_LAZY[name]}", __name__)
+    value = module if name == _LAZY[name] else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     # attention, masks, multi-head attention
@@ -39,7 +97,14 @@ __all__ = [
     "TransformerDecoder",
     "Transformer",
     "record_attention",
-    # data, training, evaluation
+    # configurations
+    "BOOK_CONFIG",
+    "FAST_CONFIG",
+    "Config",
+    "DataConfig",
+    "ModelConfig",
+    "TrainConfig",
+    # data
     "english_words",
     "french_words",
     "tokenize",
@@ -49,23 +114,30 @@ __all__ = [
     "NumberTranslation",
     "corpus_bleu",
     "sentence_bleu",
-    "BOOK_CONFIG",
-    "Config",
-    "DataConfig",
-    "ModelConfig",
-    "TrainConfig",
+    # training, evaluation, the book's model
     "make_data",
     "make_model",
+    "load_model",
+    "sequence_loss",
+    "translation_loss",
+    "lr_lambda",
+    "make_optimizer",
+    "make_scheduler",
+    "TrainingLog",
     "fit",
+    "cpu_threads",
+    "valid_loss",
     "evaluate",
     "book_model",
-    # utilities, plots, widgets
+    # utilities
     "get_device",
     "describe_machine",
     "glue",
     "set_seed",
     "save_checkpoint",
     "load_checkpoint",
+    "to_numpy",
+    # plots and explorers (imported on first use)
     "plot_heatmap",
     "plot_attention_grid",
     "plot_mask",
@@ -73,10 +145,14 @@ __all__ = [
     "plot_lines",
     "attention_explorer",
     "attention_explorer_html",
+    "explorer_weights",
+    "focus_preset",
+    "explorer_title",
     # modules
     "bleu",
+    "config",
     "data",
+    "explorers",
     "plot",
     "train",
-    "widgets",
 ]

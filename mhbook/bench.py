@@ -7,8 +7,9 @@ Four tables, all measured in one run on one machine:
 (b) time and peak memory of the explicit :func:`mhbook.scaled_dot_product_attention`
     against PyTorch's fused :func:`torch.nn.functional.scaled_dot_product_attention`
     as the sequence length grows;
-(c) training throughput (target tokens per second) of the book's :class:`mhbook.Transformer`;
-(d) greedy decoding time with and without the KV cache.
+(c) training throughput (target tokens per second) of the book's :class:`mhbook.Transformer`
+    (``BOOK_CONFIG.model``) with the book's optimizer (:func:`mhbook.make_optimizer`);
+(d) greedy decoding time with and without the KV cache, same model with random weights.
 
 Timing: each side is warmed up, then the sides are run in alternating order, round after
 round, so that noise from other processes hits both; a table shows the median round.
@@ -28,8 +29,9 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from .attention import scaled_dot_product_attention
-from .config import ModelConfig
+from .config import BOOK_CONFIG, Config, ModelConfig
 from .multihead import MultiHeadAttention
+from .train import make_optimizer, sequence_loss
 from .transformer import Transformer
 
 __all__ = [
@@ -115,6 +117,14 @@ def _print_table(title: str, header: list[str], rows: list[list[str]], notes: li
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
     for note in notes:
         print(f"  note: {note}")
+
+
+def _describe(config: ModelConfig) -> str:
+    return (
+        f"d_model {config.d_model}, {config.num_heads} heads, "
+        f"{config.num_layers}+{config.num_layers} layers, d_ff {config.d_ff}, "
+        f"dropout {config.dropout:g}"
+    )
 
 
 def _ms(seconds: float) -> str:
@@ -204,31 +214,30 @@ def bench_training(
     length: int,
     steps: int,
     vocab_size: int = 1000,
-    d_model: int = 64,
-    num_heads: int = 4,
-    num_layers: int = 2,
-    d_ff: int = 256,
+    config: Config = BOOK_CONFIG,
 ) -> dict:
-    """Target tokens per second of Adam training steps on random token batches.
+    """Target tokens per second of training steps on random token batches.
 
-    Each step: forward on ``(batch, length)`` source and target ids (source lengths
-    drawn between ``length // 2`` and ``length``), cross-entropy, backward, ``Adam.step()``.
+    A :class:`~mhbook.Transformer` of ``config.model`` (default: the book's) and the
+    optimizer of :func:`~mhbook.make_optimizer` for ``config.train``. Each step: forward
+    on ``(batch, length)`` source and target ids (source lengths drawn between
+    ``length // 2`` and ``length``), :func:`~mhbook.sequence_loss`, backward, clipping,
+    ``optimizer.step()``.
     """
     torch.manual_seed(0)
-    model = Transformer(
-        ModelConfig(d_model, num_heads, num_layers, d_ff, dropout=0.1), vocab_size, vocab_size
-    )
-    model.to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model = Transformer(config.model, vocab_size, vocab_size).to(device).train()
+    optimizer = make_optimizer(model, config.train)
     src = torch.randint(0, vocab_size, (batch, length), device=device)
     tgt = torch.randint(0, vocab_size, (batch, length + 1), device=device)
     valid_lens = torch.randint(length // 2, length + 1, (batch,), device=device)
 
     def step():
         logits = model(src, tgt[:, :-1], valid_lens)
-        loss = F.cross_entropy(logits.reshape(-1, vocab_size), tgt[:, 1:].reshape(-1))
+        loss = sequence_loss(logits, tgt[:, 1:], pad_id=-100)  # -100: no id is padding
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if config.train.clip_norm is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), config.train.clip_norm)
         optimizer.step()
 
     for _ in range(2):
@@ -250,16 +259,17 @@ def bench_decoding(
     batch: int = 8,
     src_len: int = 32,
     vocab_size: int = 1000,
+    config: ModelConfig = BOOK_CONFIG.model,
 ) -> list[dict]:
     """Seconds of :meth:`Transformer.greedy_decode` with ``use_cache=True`` and ``False``.
 
-    The model has random weights (the book's size). To make every sequence run the
+    The model is a :class:`~mhbook.Transformer` of ``config`` (default: the book's)
+    with random weights. To make every sequence run the
     full ``max_len`` steps, ``eos_id`` is ``vocab_size``: an id that ``argmax`` over
     ``vocab_size`` logits can never return, so decoding never stops early.
     """
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(64, 4, 2, 256), vocab_size, vocab_size)
-    model = model.to(device).eval()
+    model = Transformer(config, vocab_size, vocab_size).to(device).eval()
     src = torch.randint(0, vocab_size, (batch, src_len), device=device)
     valid_lens = torch.full((batch,), src_len, device=device)
     never = vocab_size
@@ -361,12 +371,12 @@ def main(argv: list[str] | None = None) -> None:
         batch, length, steps = (4, 8, 2) if args.quick else (64, 32, 20)
         r = bench_training(device, batch, length, steps)
         _print_table(
-            "(c) training the book's Transformer (d_model 64, 4 heads, 2+2 layers, d_ff 256)",
+            f"(c) training the book's Transformer ({_describe(BOOK_CONFIG.model)})",
             ["batch x length", "ms/step", "target tokens/s"],
             [[f"{batch} x {length}", _ms(r["step_s"]), f"{r['tokens_per_s']:,.0f}"]],
             [
-                f"vocabulary 1000, random tokens, Adam, dropout 0.1, "
-                f"{steps} timed steps after 2 warm-up steps"
+                "BOOK_CONFIG: vocabulary 1000, random tokens, the book's AdamW "
+                f"(mhbook.make_optimizer) and clipping, {steps} timed steps after 2 warm-up steps"
             ],
         )
 
@@ -387,8 +397,9 @@ def main(argv: list[str] | None = None) -> None:
             ["new tokens", "KV cache", "no cache", "speed-up"],
             rows,
             [
-                "random-weight Transformer (d_model 64, 4 heads, 2+2 layers, vocabulary 1000); "
-                "eos_id = 1000 can never be the argmax, so every run decodes all the tokens"
+                f"the book's Transformer with random weights ({_describe(BOOK_CONFIG.model)}, "
+                "vocabulary 1000); eos_id = 1000 can never be the argmax, so every run "
+                "decodes all the tokens"
             ],
         )
     print("\ndone")

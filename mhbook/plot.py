@@ -12,11 +12,13 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+
+from .explorers.svg import COLOURMAP, text_colour
+from .utils import to_numpy
 
 __all__ = ["plot_heatmap", "plot_attention_grid", "plot_mask", "plot_history", "plot_lines"]
 
@@ -24,21 +26,9 @@ __all__ = ["plot_heatmap", "plot_attention_grid", "plot_mask", "plot_history", "
 MASK_COLORS = ("#d9d9d9", "#2171b5")
 
 
-def _to_numpy(x, name: str) -> np.ndarray:
-    """Detach, move to the CPU and convert to a NumPy array."""
-    if isinstance(x, torch.Tensor):
-        if x.device.type == "meta":
-            raise ValueError(f"{name} is on the meta device and holds no values to plot")
-        x = x.detach().cpu()
-        if x.dtype != torch.bool:
-            x = x.float()
-        return x.numpy()
-    return np.asarray(x)
-
-
 def _as_matrix(x, name: str) -> np.ndarray:
     """A float ``(Lq, Lk)`` array; leading dimensions of size 1 are dropped."""
-    a = _to_numpy(x, name)
+    a = to_numpy(x, name)
     while a.ndim > 2 and a.shape[0] == 1:
         a = a[0]
     if a.ndim != 2:
@@ -84,12 +74,10 @@ def _annotate(ax: Axes, values: np.ndarray, image, fmt: str = "{:.2f}") -> None:
     for i, j in np.ndindex(values.shape):
         v = values[i, j]
         if np.isfinite(v):
-            text, dark = fmt.format(v), norm(v) > 0.6
+            text, colour = fmt.format(v), text_colour(norm(v))
         else:
-            text, dark = ("-inf" if v < 0 else "inf" if v > 0 else "nan"), False
-        ax.text(
-            j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black"
-        )
+            text, colour = ("-inf" if v < 0 else "inf" if v > 0 else "nan"), "black"
+        ax.text(j, i, text, ha="center", va="center", fontsize=8, color=colour)
 
 
 def _heatmap_figsize(num_queries: int, num_keys: int) -> tuple[float, float]:
@@ -106,7 +94,7 @@ def plot_heatmap(
     ax: Axes | None = None,
     xlabel: str = "keys",
     ylabel: str = "queries",
-    cmap: str = "Reds",
+    cmap: str = COLOURMAP,
     colorbar: bool = True,
     annotate: bool = False,
     vmin: float | None = None,
@@ -178,7 +166,7 @@ def _as_grid(weights) -> tuple[np.ndarray, list[str] | None, bool]:
         names = [str(k) for k in weights]
         weights = list(weights.values())
     if isinstance(weights, (list, tuple)):
-        layers = [_to_numpy(w, f"weights[{i}]") for i, w in enumerate(weights)]
+        layers = [to_numpy(w, f"weights[{i}]") for i, w in enumerate(weights)]
         if not layers:
             raise ValueError("weights is an empty list; expected per-layer (h, Lq, Lk) tensors")
         for i, w in enumerate(layers):
@@ -191,7 +179,7 @@ def _as_grid(weights) -> tuple[np.ndarray, list[str] | None, bool]:
                 )
             layers[i] = w
         return np.stack(layers), names, True
-    grid = _to_numpy(weights, "weights")
+    grid = to_numpy(weights, "weights")
     if grid.ndim == 4:
         return grid, names, True
     if grid.ndim == 3:
@@ -213,7 +201,7 @@ def plot_attention_grid(
     col_names: Sequence[str] | None = None,
     xlabel: str = "keys",
     ylabel: str = "queries",
-    cmap: str = "Reds",
+    cmap: str = COLOURMAP,
     *,
     vmin: float | None = None,
     vmax: float | None = None,
@@ -372,7 +360,7 @@ def _series(history: Mapping, key: str) -> np.ndarray | None:
     values = history.get(key)
     if values is None or len(values) == 0:
         return None
-    return np.asarray([float(_to_numpy(v, key)) for v in values])
+    return np.asarray([float(to_numpy(v, key)) for v in values])
 
 
 def plot_history(history: Mapping, title: str | None = None) -> Figure:
@@ -473,11 +461,11 @@ def plot_lines(
     Raises:
         ValueError: If a curve does not have one value per x value.
     """
-    xs = np.asarray([float(_to_numpy(v, "x")) for v in x])
+    xs = np.asarray([float(to_numpy(v, "x")) for v in x])
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.8), layout="constrained")
     for name, values in ys.items():
-        y = np.asarray([np.nan if v is None else float(_to_numpy(v, name)) for v in values])
+        y = np.asarray([np.nan if v is None else float(to_numpy(v, name)) for v in values])
         if len(y) != len(xs):
             raise ValueError(f"ys[{name!r}] has {len(y)} values for {len(xs)} x values")
         ax.plot(xs, y, marker=marker, label=str(name))

@@ -1,9 +1,10 @@
-"""Devices, seeds and checkpoints."""
+"""Devices, seeds, checkpoints, and tensors to NumPy."""
 
 from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -14,6 +15,7 @@ __all__ = [
     "set_seed",
     "save_checkpoint",
     "load_checkpoint",
+    "to_numpy",
     "describe_machine",
     "glue",
 ]
@@ -35,16 +37,33 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra) -> None:
-    """Save ``model``'s state dict and ``extra`` plain values (numbers, strings, lists, dicts)."""
-    torch.save({"model": model.state_dict(), **extra}, path)
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, config=None, **extra) -> None:
+    """Save ``model``'s state dict, its ``config`` and ``extra`` plain values.
+
+    The file is written next to ``path`` and then renamed, so a reader (another
+    notebook running now) never sees half a file.
+
+    Args:
+        config: a :class:`mhbook.Config` (stored as ``config.to_dict()``, read back with
+            :meth:`mhbook.Config.from_dict`), or ``None`` to store none.
+        extra: numbers, strings, lists and dicts of them, e.g. ``history=...``.
+    """
+    if config is not None:
+        extra["config"] = config.to_dict()
+    path = Path(path)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    try:
+        torch.save({"model": model.state_dict(), **extra}, partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: str | os.PathLike, model: nn.Module, map_location=None) -> dict:
     """Load a checkpoint written by :func:`save_checkpoint` into ``model``.
 
     Uses ``torch.load(..., weights_only=True)``, which refuses to run code stored
-    in the file. Returns the checkpoint's ``extra`` values.
+    in the file. Returns the checkpoint's other values (``config`` as a plain dict).
     """
     if map_location is None:
         map_location = next(model.parameters()).device
@@ -84,3 +103,21 @@ def glue(name: str, value) -> None:
     except ImportError:
         return
     myst_glue(name, value, display=False)
+
+
+def to_numpy(x, name: str = "x") -> np.ndarray:
+    """A tensor (any device, grad or not), array or nested list as a NumPy array.
+
+    Tensors are detached and copied to the CPU; all but ``bool`` ones become float32.
+
+    Raises:
+        ValueError: for a tensor on the ``meta`` device, which holds no values.
+    """
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device and holds no values to plot")
+        x = x.detach().cpu()
+        if x.dtype != torch.bool:
+            x = x.float()
+        return x.numpy()
+    return np.asarray(x)

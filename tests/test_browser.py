@@ -344,7 +344,7 @@ READ_EXPLORER = """
   return {
     weights: JSON.parse(svg.getAttribute("data-weights")),
     svg: svg.innerHTML,
-    X: JSON.parse(root.dataset.x),
+    X: JSON.parse(root.querySelector("script.mhbook-explorer-data").textContent).X,
     q: Array.from(root.querySelectorAll("input[data-matrix='q']")).map((s) => +s.value),
     k: Array.from(root.querySelectorAll("input[data-matrix='k']")).map((s) => +s.value),
   };
@@ -353,7 +353,7 @@ READ_EXPLORER = """
 
 
 def _agrees_with_python(state: dict) -> None:
-    from mhbook.widgets import explorer_weights
+    from mhbook.explorers import explorer_weights
 
     want = explorer_weights(np.array(state["X"]), state["q"], state["k"])
     np.testing.assert_allclose(np.array(state["weights"]), want, atol=1.5e-4)

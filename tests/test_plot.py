@@ -1,4 +1,4 @@
-"""Tests of mhbook.plot and mhbook.widgets: titles, labels, shapes, and the HTML explorer."""
+"""Tests of mhbook.plot and mhbook.explorers: titles, labels, shapes, and the HTML explorer."""
 
 import json
 import re
@@ -13,7 +13,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from mhbook import plot, widgets  # noqa: E402
+from mhbook import explorers, plot  # noqa: E402
+from mhbook.explorers import svg  # noqa: E402
 from mhbook.masks import causal_mask  # noqa: E402
 
 TOKENS = ["the", "cat", "sat", "down"]
@@ -198,10 +199,10 @@ def test_lines():
 
 
 def test_explorer_weights_and_presets():
-    q, k = widgets.focus_preset(1, 3)
+    q, k = explorers.focus_preset(1, 3)
     assert q == [1.0, 2.0, 1.0] and k == [0.5, 1.0, 0.5]
-    assert widgets.focus_preset(None, 3) == ([1.0] * 3, [1.0] * 3)
-    w = widgets.explorer_weights(torch.tensor(X), q, k)
+    assert explorers.focus_preset(None, 3) == ([1.0] * 3, [1.0] * 3)
+    w = explorers.explorer_weights(torch.tensor(X), q, k)
     Xt = torch.tensor(X)
     expected = torch.softmax((Xt * torch.tensor(q)) @ (Xt * torch.tensor(k)).T / 3**0.5, dim=-1)
     np.testing.assert_allclose(w, expected.numpy(), rtol=1e-6)
@@ -209,7 +210,7 @@ def test_explorer_weights_and_presets():
 
 
 def test_explorer_html_is_self_contained_with_stable_ids():
-    html = widgets.attention_explorer_html(SENTENCE, X, AXES).data
+    html = explorers.attention_explorer_html(SENTENCE, X, AXES).data
     uid = re.search(r'class="mhbook-explorer" id="([^"]+)"', html).group(1)
     for suffix in ["-focus", "-q0", "-q1", "-q2", "-k0", "-k1", "-k2", "-heatmap"]:
         assert f'id="{uid}{suffix}"' in html
@@ -220,25 +221,72 @@ def test_explorer_html_is_self_contained_with_stable_ids():
         assert f">{token}</text>" in html  # token labels on the heatmap
     weights = json.loads(re.search(r"data-weights='([^']+)'", html).group(1))
     ones = [1.0, 1.0, 1.0]
-    np.testing.assert_allclose(weights, widgets.explorer_weights(X, ones, ones), atol=1e-4)
-    other = widgets.attention_explorer_html(SENTENCE, X, AXES).data
+    np.testing.assert_allclose(weights, explorers.explorer_weights(X, ones, ones), atol=1e-4)
+    other = explorers.attention_explorer_html(SENTENCE, X, AXES).data
     assert f'id="{uid}"' not in other  # a second explorer on the page gets its own ids
 
 
+def _explorer_data(html: str) -> dict:
+    pattern = r'<script type="application/json" class="mhbook-explorer-data">(.*?)</script>'
+    return json.loads(re.search(pattern, html, re.S).group(1))
+
+
+def test_explorer_html_takes_its_numbers_from_python():
+    """Presets, titles, colours and the text-colour threshold are Python's, sent as JSON;
+    the JavaScript and CSS are the package's files, inline."""
+    html = explorers.attention_explorer_html(SENTENCE, X, AXES).data
+    data = _explorer_data(html)
+    choices = [None, 0, 1, 2]
+    assert data["X"] == X.tolist()
+    assert data["titles"] == [explorers.explorer_title(AXES, f) for f in choices]
+    assert data["presets"] == [list(explorers.focus_preset(f, 3)) for f in choices]
+    assert data["scale"] == {"colours": list(svg.colour_table()), "darkAbove": svg.DARK_ABOVE}
+    assert f">{explorers.explorer_title(AXES, None)}</text>" in html
+    for name in ("heatmap.js", "attention.js", "explorer.css"):
+        assert svg._static(name) in html
+    # The first picture: every cell's colour and text colour from the same scale.
+    weights = explorers.explorer_weights(X, [1.0] * 3, [1.0] * 3)
+    lut = svg.colour_table()
+    for i, j in np.ndindex(weights.shape):
+        w = weights[i, j]
+        cell = re.search(
+            rf'<rect class="mhbook-explorer-cell" data-i="{i}" data-j="{j}"[^>]*>', html
+        )
+        assert f'fill="{lut[round(w * 100)]}"' in cell.group(0)
+        value = re.search(
+            rf'<text class="mhbook-explorer-value" data-i="{i}" data-j="{j}"[^>]*>', html
+        )
+        assert f'fill="{svg.text_colour(w)}"' in value.group(0)
+
+
+def test_text_colour_threshold_is_shared_by_plots():
+    assert svg.text_colour(svg.DARK_ABOVE) == "black"
+    assert svg.text_colour(svg.DARK_ABOVE + 1e-9) == "white"
+    values = np.array([[0.0, svg.DARK_ABOVE - 0.01, svg.DARK_ABOVE + 0.01, 1.0]])
+    ax = plot.plot_heatmap(values, annotate=True, vmin=0.0, vmax=1.0, colorbar=False)
+    assert [t.get_color() for t in ax.texts] == ["black", "black", "white", "white"]
+
+
 def test_explorer_html_escapes_tokens_and_checks_shapes():
-    html = widgets.attention_explorer_html(["<b>", "&"], X[:2], AXES).data
+    html = explorers.attention_explorer_html(["<b>", "&"], X[:2], AXES).data
     assert "&lt;b&gt;" in html and "<b>" not in html
+    # An axis name that tries to end the data's <script> early stays inside the JSON.
+    html = explorers.attention_explorer_html(["a", "b"], X[:2], ["</script>x", "t", "o"]).data
+    assert html.count("</script>") == 2  # the data's and the code's
+    assert (
+        _explorer_data(html)["titles"][1] == "softmax((X W_q)(X W_k)ᵀ / √3), focus on '</script>x'"
+    )
     with pytest.raises(ValueError, match="5 tokens"):
-        widgets.attention_explorer_html(SENTENCE, X[:3], AXES)
+        explorers.attention_explorer_html(SENTENCE, X[:3], AXES)
     with pytest.raises(ValueError, match="axis_names"):
-        widgets.attention_explorer_html(SENTENCE, X, AXES[:2])
+        explorers.attention_explorer_html(SENTENCE, X, AXES[:2])
 
 
 def test_ipywidgets_explorer_follows_its_controls():
     pytest.importorskip("ipywidgets")
-    box = widgets.attention_explorer(SENTENCE, torch.tensor(X), AXES)
+    box = explorers.attention_explorer(SENTENCE, torch.tensor(X), AXES)
     ones = [1.0, 1.0, 1.0]
-    np.testing.assert_allclose(box.weights, widgets.explorer_weights(X, ones, ones))
+    np.testing.assert_allclose(box.weights, explorers.explorer_weights(X, ones, ones))
     focus = box.children[0]
     q_sliders = box.children[1].children[0].children[1:]
     k_sliders = box.children[1].children[1].children[1:]
@@ -246,10 +294,10 @@ def test_ipywidgets_explorer_follows_its_controls():
     assert [s.value for s in q_sliders] == [2.0, 1.0, 1.0]
     assert [s.value for s in k_sliders] == [1.0, 0.5, 0.5]
     np.testing.assert_allclose(
-        box.weights, widgets.explorer_weights(X, *widgets.focus_preset(0, 3))
+        box.weights, explorers.explorer_weights(X, *explorers.focus_preset(0, 3))
     )
     k_sliders[2].value = 3.0
-    np.testing.assert_allclose(box.weights, widgets.explorer_weights(X, [2, 1, 1], [1, 0.5, 3]))
+    np.testing.assert_allclose(box.weights, explorers.explorer_weights(X, [2, 1, 1], [1, 0.5, 3]))
 
 
 def _browser(playwright):
@@ -269,8 +317,8 @@ def _browser(playwright):
 
 def test_explorer_html_redraws_in_a_browser(tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
-    first = widgets.attention_explorer_html(SENTENCE, X, AXES).data
-    second = widgets.attention_explorer_html(SENTENCE, X, AXES).data
+    first = explorers.attention_explorer_html(SENTENCE, X, AXES).data
+    second = explorers.attention_explorer_html(SENTENCE, X, AXES).data
     page_file = tmp_path / "explorer.html"
     page_file.write_text(f"<!doctype html><meta charset='utf-8'><body>{first}{second}</body>")
     with sync_api.sync_playwright() as p:
@@ -291,14 +339,19 @@ def test_explorer_html_redraws_in_a_browser(tmp_path):
         after = drawn()
         assert not np.allclose(before, after)
         np.testing.assert_allclose(
-            after, widgets.explorer_weights(X, [3, 1, 1], [1, 1, 1]), atol=1e-4
+            after, explorers.explorer_weights(X, [3, 1, 1], [1, 1, 1]), atol=1e-4
         )
+        cells = heatmap.locator(".mhbook-explorer-value")
+        shown = cells.evaluate_all("ts => ts.map(t => [t.textContent, t.getAttribute('fill')])")
+        want = explorers.explorer_weights(X, [3, 1, 1], [1, 1, 1]).ravel()
+        assert shown == [[f"{w:.2f}", svg.text_colour(w)] for w in want]
         page.select_option(f"#{uid}-focus", "1")
         assert page.locator(f"#{uid}-q1").input_value() == "2"
         assert page.locator(f"#{uid}-k0").input_value() == "0.5"
-        preset = widgets.explorer_weights(X, *widgets.focus_preset(1, 3))
+        preset = explorers.explorer_weights(X, *explorers.focus_preset(1, 3))
         np.testing.assert_allclose(drawn(), preset, atol=1e-4)
-        assert "focus on 'time'" in heatmap.locator(".mhbook-explorer-title").text_content()
+        title = heatmap.locator(".mhbook-explorer-title").text_content()
+        assert title == explorers.explorer_title(AXES, 1)
         np.testing.assert_allclose(drawn(page.locator(f"#{other}-heatmap")), before)  # untouched
         browser.close()
     assert errors == []

@@ -1,0 +1,29 @@
+"""Interactive explorers: self-contained HTML (works in the static book, no kernel) and
+ipywidgets twins (need a kernel).
+
+* :mod:`mhbook.explorers.attention`: chapter 1's explorer of ``W_query`` and ``W_key``.
+* :mod:`mhbook.explorers.svg`: what every explorer shares: the SVG heatmap, the colour
+  scale, and :func:`~mhbook.explorers.svg.embed`, which inlines an explorer's JavaScript,
+  CSS and data (files in ``static/``) into one ``<div>``.
+
+Importing this package does not import matplotlib or ipywidgets; drawing does.
+"""
+
+from . import attention, svg
+from .attention import (
+    attention_explorer,
+    attention_explorer_html,
+    explorer_title,
+    explorer_weights,
+    focus_preset,
+)
+
+__all__ = [
+    "attention_explorer",
+    "attention_explorer_html",
+    "explorer_weights",
+    "focus_preset",
+    "explorer_title",
+    "attention",
+    "svg",
+]

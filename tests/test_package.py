@@ -1,0 +1,65 @@
+"""The package itself: a cheap ``import mhbook``, lazy names, and the files it ships."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+import mhbook
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HEAVY = ["matplotlib", "ipywidgets", "IPython", "tqdm.auto"]
+
+
+def test_import_mhbook_imports_no_plotting_or_widgets():
+    """``import mhbook`` leaves out matplotlib and ipywidgets; a plot name brings matplotlib."""
+    code = (
+        "import sys\n"
+        "import mhbook\n"
+        "print(' '.join(sys.modules))\n"
+        "mhbook.plot_heatmap\n"
+        "print(' '.join(sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    after_import, after_plot = (set(line.split()) for line in result.stdout.splitlines())
+    assert not after_import & set(HEAVY), sorted(after_import & set(HEAVY))
+    assert "matplotlib" in after_plot and "ipywidgets" not in after_plot
+
+
+def test_lazy_names_resolve():
+    from mhbook import explorers, plot
+
+    assert mhbook.plot is plot and mhbook.explorers is explorers
+    assert mhbook.plot_heatmap is plot.plot_heatmap
+    assert mhbook.attention_explorer_html is explorers.attention_explorer_html
+    assert mhbook.attention_explorer is explorers.attention.attention_explorer
+    for name in mhbook.__all__:
+        assert getattr(mhbook, name) is not None, name
+    assert set(mhbook.__all__) <= set(dir(mhbook))
+    with pytest.raises(AttributeError, match="no attribute 'widgets'"):
+        mhbook.widgets  # noqa: B018 (moved to mhbook.explorers)
+
+
+def test_every_package_and_static_file_ships():
+    tomllib = pytest.importorskip("tomllib")
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {
+        ".".join(p.relative_to(ROOT).parent.parts) for p in (ROOT / "mhbook").rglob("__init__.py")
+    }
+    assert packages == set(setuptools["packages"])
+    data = setuptools.get("package-data", {})
+    for path in (ROOT / "mhbook").rglob("*"):
+        if not path.is_file() or path.suffix in (".py", ".pyc"):
+            continue
+        folder = next(f for f in path.parents if (f / "__init__.py").exists())  # its package
+        package = ".".join(folder.relative_to(ROOT).parts)
+        relative = path.relative_to(folder).as_posix()
+        assert any(fnmatch(relative, p) for p in data.get(package, [])), f"{package}: {relative}"
