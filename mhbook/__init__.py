@@ -5,9 +5,10 @@ the modules are importable too (``mhbook.plot``, ``mhbook.data``, ...).
 """
 
 from . import bleu, data, plot, train, widgets
-from .attention import scaled_dot_product_attention
+from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
 from .blocks import DecoderBlock, EncoderBlock
+from .cache import KVCache, LayerCache
 from .config import BOOK_CONFIG, Config, DataConfig, ModelConfig, TrainConfig
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     # attention, masks, multi-head attention
     "scaled_dot_product_attention",
+    "attend",
     "padding_mask",
     "causal_mask",
     "check_mask",
@@ -39,6 +41,8 @@ __all__ = [
     "TransformerDecoder",
     "Transformer",
     "record_attention",
+    "KVCache",
+    "LayerCache",
     # data, training, evaluation
     "english_words",
     "french_words",

@@ -200,17 +200,24 @@ def test_kv_cache_projects_only_new_tokens():
         h.remove()
 
 
-def test_decoder_with_caches_equals_full_pass(norm_first, dtype, assert_close):
+@pytest.mark.parametrize("sizes", [(2, 2, 1), (1, 3, 1), (1, 1, 1, 1, 1)])
+def test_decoder_with_cache_equals_full_pass(sizes, norm_first, dtype, assert_close):
+    """Chunks of several tokens, also into a cache that already holds some: the new
+    keys must come after the cached ones, in time order."""
     model = _model(dtype, norm_first)
     src, tgt_in, valid_lens = _batch()
     memory = model.encoder(src, valid_lens)
     memory_mask = mhbook.padding_mask(valid_lens, src.size(1))
     full = model.decoder(tgt_in, memory, memory_mask)
-    caches = [{} for _ in model.decoder.blocks]
-    # Two tokens, then one at a time: the cache also works with several new tokens.
-    chunks = [tgt_in[:, :2]] + [tgt_in[:, t : t + 1] for t in range(2, tgt_in.size(1))]
-    steps = [model.decoder(chunk, memory, memory_mask, caches) for chunk in chunks]
+    cache = model.decoder.new_cache()
+    steps = [model.decoder(chunk, memory, memory_mask, cache) for chunk in tgt_in.split(sizes, 1)]
     assert_close(torch.cat(steps, dim=1), full)
+    assert cache.length == tgt_in.size(1)
+    at_once = model.decoder.new_cache()
+    model.decoder(tgt_in, memory, memory_mask, at_once)
+    for chunked, whole in zip(cache.layers, at_once.layers):
+        assert_close(chunked.keys, whole.keys, "cached keys, in time order")
+        assert_close(chunked.values, whole.values, "cached values, in time order")
 
 
 # -- utils ---------------------------------------------------------------------------------
