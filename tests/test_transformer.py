@@ -106,6 +106,42 @@ def test_record_attention_shapes_and_same_logits(norm_first, dtype, assert_close
     )
 
 
+def test_record_attention_forgets_earlier_recordings():
+    """A recording that runs only the encoder returns only the encoder's weights."""
+    model = _model()
+    src, tgt_in, valid_lens = _batch()
+    with mhbook.record_attention(model) as weights:
+        model(src, tgt_in, valid_lens)
+    assert any(name.startswith("decoder") for name in weights())
+    with mhbook.record_attention(model) as weights:
+        model.encoder(src, valid_lens)
+    assert sorted(weights()) == [f"encoder.blocks.{i}.self_attn" for i in range(NUM_LAYERS)]
+
+
+def test_float16_model_records_attention_without_nan():
+    """Large queries and keys (here: W_q and W_k scaled by 30) overflow float16 scores
+    unless they are scaled first and computed in float32; the fused path never overflows,
+    and record_attention must not change that."""
+    torch.manual_seed(0)
+    config = mhbook.ModelConfig(d_model=64, num_heads=4, num_layers=2, d_ff=128)
+    model = mhbook.Transformer(config, SRC_VOCAB, TGT_VOCAB)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, mhbook.MultiHeadAttention):
+                m.W_q.weight.mul_(30)
+                m.W_k.weight.mul_(30)
+    model = model.half().eval()
+    src, tgt_in, valid_lens = _batch()
+    with torch.no_grad():
+        plain = model(src, tgt_in, valid_lens)
+        with mhbook.record_attention(model) as weights:
+            recorded = model(src, tgt_in, valid_lens)
+    assert torch.isfinite(plain).all()
+    assert torch.isfinite(recorded).all()
+    assert all(torch.isfinite(w).all() for w in weights().values())
+    torch.testing.assert_close(recorded.float(), plain.float(), atol=0.05, rtol=0.01)
+
+
 # -- greedy decoding ---------------------------------------------------------------------
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_decode_cache_gives_identical_tokens(seed, norm_first, dtype):
