@@ -263,11 +263,18 @@ def test_padding_mask_skips_value_checks_off_the_cpu():
     assert mask.shape == (2, 1, 1, 4) and mask.device.type == "meta"
 
 
-@pytest.mark.parametrize("args", [(-1,), (2, -1), (2.0,), (3, 3.5)])
-def test_causal_mask_negative_or_not_an_int(args):
-    bad = [a for a in args if not (isinstance(a, int) and a >= 0)][0]
-    with pytest.raises(ValueError, match=shapes("int >= 0", f"got {bad!r}")):
-        mhbook.causal_mask(*args)
+@pytest.mark.parametrize(
+    "args,name,bad",
+    [((-1,), "num_queries", -1), ((2, -1), "num_keys", -1), ((2.0,), "num_queries", 2.0)]
+    + [((3, 3.5), "num_keys", 3.5), ((3, 4, None), "window", 0)],
+)
+def test_causal_mask_negative_or_not_an_int(args, name, bad):
+    minimum = 1 if name == "window" else 0
+    with pytest.raises(ValueError, match=shapes(name, f"int >= {minimum}", f"got {bad!r}")):
+        if name == "window":
+            mhbook.causal_mask(*args, window=bad)
+        else:
+            mhbook.causal_mask(*args)
 
 
 @pytest.mark.parametrize("src_id,tgt_id", [(11, 13), (50, 60), (-1, -3)])
