@@ -194,8 +194,7 @@ class MultiHeadAttention(nn.Module):
                     f"{name} is on {x.device} but the module is on {weight.device}; "
                     f"move one of them (e.g. {name}.to({str(weight.device)!r}))"
                 )
-            # Under autocast PyTorch casts for the matrix products itself.
-            if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            if x.dtype != weight.dtype and not _autocasting(x.device):
                 raise TypeError(
                     f"{name} has dtype {x.dtype} but the module's weights are {weight.dtype}; "
                     f"convert one of them (e.g. {name}.to({weight.dtype}))"
@@ -271,3 +270,8 @@ class MultiHeadAttention(nn.Module):
                 m.in_proj_bias.copy_(torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias]))
                 m.out_proj.bias.copy_(self.W_o.bias)
         return m
+
+
+def _autocasting(device: torch.device) -> bool:
+    """Whether autocast is on for ``device``: PyTorch then casts for the matrix products."""
+    return torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)

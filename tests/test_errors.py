@@ -308,3 +308,12 @@ def test_layer_cache_update_that_does_not_fit():
         cache.update(x(2, 4, 1, 8).double(), x(2, 4, 1, 8).double())
     with pytest.raises(ValueError, match=shapes("4 dimensions", "(2, 1, 8)")):
         cache.update(x(2, 1, 8), x(2, 1, 8))
+
+
+def test_input_dtype_differs_from_a_module_on_meta():
+    """The dtype check also works where autocast does not exist (the meta device)."""
+    with torch.device("meta"):
+        mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+        query = torch.randn(2, 3, D_MODEL, dtype=torch.float64)
+    with pytest.raises(TypeError, match=shapes("query", "torch.float64", "torch.float32")):
+        mha(query, query, query)

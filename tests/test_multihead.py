@@ -280,3 +280,15 @@ def test_subclass_that_sets_its_own_attributes_still_runs():
     with mhbook.record_attention(pruned) as weights:
         pruned(x, x, x)
     assert weights()[""].shape == (2, 2, 3, 3)
+
+
+def test_autocast_takes_inputs_of_another_dtype():
+    """Under autocast PyTorch casts for the products itself: no dtype error then."""
+    torch.manual_seed(16)
+    mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    x = torch.randn(2, 3, D_MODEL, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for need_weights in (False, True):
+            out = mha(x, x, x, need_weights=need_weights)
+            out = out[0] if need_weights else out
+            assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
