@@ -38,8 +38,8 @@ class MultiHeadAttention(nn.Module):
         head_mask: ``None`` or a tensor ``(num_heads,)`` that scales each head's
             output before the heads are merged: 0 switches a head off. Give it
             ``requires_grad=True`` to measure head importance (Michel et al., 2019).
-            It is a buffer: ``.to()`` moves it with the module, and ``state_dict``
-            saves it when it is set.
+            It is a buffer: ``.to()`` moves it with the module, ``state_dict`` saves
+            it when it is set, and ``load_state_dict`` restores it (or its absence).
     """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
@@ -206,14 +206,11 @@ class MultiHeadAttention(nn.Module):
                     f"{first} and {name} have different batch sizes: {first} "
                     f"{tuple(x0.shape)}, {name} {tuple(x.shape)}"
                 )
-        if (
-            "key" in inputs
-            and "value" in inputs
-            and inputs["key"].size(1) != inputs["value"].size(1)
-        ):
+        key, value = inputs.get("key"), inputs.get("value")
+        if key is not None and value is not None and key.size(1) != value.size(1):
             raise ValueError(
-                f"key and value need the same length Lk: key {tuple(inputs['key'].shape)}, "
-                f"value {tuple(inputs['value'].shape)}"
+                f"key and value need the same length Lk: key {tuple(key.shape)}, "
+                f"value {tuple(value.shape)}"
             )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
