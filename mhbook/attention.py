@@ -12,6 +12,8 @@ are wanted. The tests check that the two paths agree.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -42,7 +44,8 @@ def scaled_dot_product_attention(
 
     In float16 and bfloat16 the scores and the softmax are computed in float32 and the
     weights cast back, as PyTorch's CPU kernel does: the scores of inputs around 300
-    overflow float16 (their largest value is 65504) even after scaling.
+    overflow float16 (whose largest value is 65504), even when ``q`` is scaled first.
+    In float32 and float64 this is exactly ``softmax(q @ k^T / sqrt(d)) @ v``.
     """
     _check_qkv(query, key, value)
     batch_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
@@ -106,11 +109,10 @@ def attend(
 
 def _explicit_attention(q, k, v, mask, dropout_p=0.0):
     """``softmax(q k^T / sqrt(d)) v`` with the weights materialised; inputs already checked."""
-    # Scale before the product, and in float32 for float16/bfloat16 inputs (float64
-    # stays float64): large scores then neither overflow nor lose their precision.
+    # float16 and bfloat16 scores are computed in float32 (float32 and float64 stay as
+    # they are): large scores then neither overflow nor lose their precision.
     compute = torch.promote_types(q.dtype, torch.float32)
-    scale = q.size(-1) ** -0.5
-    scores = (q.to(compute) * scale) @ k.to(compute).transpose(-2, -1)  # (..., Lq, Lk)
+    scores = q.to(compute) @ k.to(compute).transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
         # Masked scores become -inf, so exp() gives them exactly zero weight.
         scores = scores.masked_fill(~mask, float("-inf"))
