@@ -3,6 +3,8 @@ forward and gradients, float32 and float64."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -164,6 +166,16 @@ def test_causal_mask_fewer_keys_than_queries_raises():
 
 
 # -- float16 -----------------------------------------------------------------------------
+def test_float32_weights_are_exactly_the_formula():
+    """Chapter 1 checks ``torch.equal`` against ``softmax(q k^T / sqrt(d))`` written by
+    hand: in float32 and float64 the explicit path must round exactly as that does."""
+    for dtype in (torch.float32, torch.float64):
+        q, k, v = (t.detach() for t in _inputs((2,), 5, 5, dtype, d=3, dv=3))
+        output, weights = mhbook.scaled_dot_product_attention(q, k, v)
+        by_hand = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(3), dim=-1)
+        assert torch.equal(weights, by_hand) and torch.equal(output, by_hand @ v)
+
+
 def test_float16_large_inputs_stay_finite_and_match_the_fused_kernel():
     """Inputs around 300 give float16 scores far above its largest value (65504) unless
     they are scaled first and computed in float32, as PyTorch's kernel does."""
