@@ -11,9 +11,10 @@ imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
 import importlib
 
 from . import bleu, config, data, train
-from .attention import scaled_dot_product_attention
+from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
 from .blocks import DecoderBlock, EncoderBlock
+from .cache import KVCache, LayerCache
 from .config import BOOK_CONFIG, FAST_CONFIG, Config, DataConfig, ModelConfig, TrainConfig
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
@@ -82,6 +83,7 @@ def __dir__() -> list:
 __all__ = [
     # attention, masks, multi-head attention
     "scaled_dot_product_attention",
+    "attend",
     "padding_mask",
     "causal_mask",
     "check_mask",
@@ -97,6 +99,8 @@ __all__ = [
     "TransformerDecoder",
     "Transformer",
     "record_attention",
+    "KVCache",
+    "LayerCache",
     # configurations
     "BOOK_CONFIG",
     "FAST_CONFIG",

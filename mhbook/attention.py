@@ -1,9 +1,13 @@
-"""Scaled dot-product attention, written out explicitly.
+"""Scaled dot-product attention: the explicit version to read, and the one core that
+every attention layer of mhbook runs.
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d)) V
 
-This is the version to read. :class:`mhbook.MultiHeadAttention` runs PyTorch's
-fused kernel when it does not need the weights; the tests check the two agree.
+:func:`scaled_dot_product_attention` writes the formula out and returns the weights.
+:func:`attend` is what :class:`mhbook.MultiHeadAttention` calls: it takes heads
+``(batch, h, L, d)``, allows fewer key/value heads than query heads (grouped-query
+attention), checks its inputs once, and runs PyTorch's fused kernel unless the weights
+are wanted. The tests check that the two paths agree.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .masks import check_mask
 
-__all__ = ["scaled_dot_product_attention"]
+__all__ = ["scaled_dot_product_attention", "attend"]
 
 
 def scaled_dot_product_attention(
@@ -28,7 +33,7 @@ def scaled_dot_product_attention(
     Args:
         query: ``(..., Lq, d)``.
         key: ``(..., Lk, d)``.
-        value: ``(..., Lk, dv)``.
+        value: ``(..., Lk, dv)``. The leading dimensions of the three broadcast.
         mask: optional bool mask broadcastable to ``(..., Lq, Lk)``;
             ``True`` = may attend.
 
@@ -36,12 +41,79 @@ def scaled_dot_product_attention(
         ``(output, weights)``: output ``(..., Lq, dv)`` and attention weights
         ``(..., Lq, Lk)``. Each row of the weights sums to one, except a row whose
         keys are all masked: its weights and its output are zero, never NaN.
+
+    In float16 and bfloat16 the scores and the softmax are computed in float32 and the
+    weights cast back, as PyTorch's CPU kernel does: the scores of inputs around 300
+    overflow float16 (whose largest value is 65504), even when ``q`` is scaled first.
+    In float32 and float64 this is exactly ``softmax(q @ k^T / sqrt(d)) @ v``.
     """
     _check_qkv(query, key, value)
-    d = query.size(-1)
-    scores = query @ key.transpose(-2, -1) / math.sqrt(d)  # (..., Lq, Lk)
+    batch_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    check_mask(mask, (*batch_shape, query.size(-2), key.size(-2)), query.device)
+    return _explicit_attention(query, key, value, mask)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    need_weights: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention of ``h`` query heads over ``h_kv`` key/value heads.
+
+    With ``h_kv == h`` this is multi-head attention; with ``h_kv < h`` grouped-query
+    attention (``h_kv == 1``: multi-query attention): query head ``i`` uses key/value
+    head ``i // (h // h_kv)``, as if each key/value head were repeated ``h // h_kv``
+    times (Hugging Face's ``repeat_kv``).
+
+    Args:
+        q: ``(batch, h, L, d)`` queries, already projected and split into heads.
+        k: ``(batch, h_kv, S, d)`` keys; ``h_kv`` must divide ``h``.
+        v: ``(batch, h_kv, S, d_v)`` values.
+        mask: bool, broadcastable to ``(batch, h, L, S)``; ``True`` = may attend.
+        need_weights: compute the weights explicitly and return them. Otherwise
+            PyTorch's fused kernel runs and never stores the ``(L, S)`` weights.
+        dropout_p: dropout on the attention weights; pass ``0.0`` in eval mode.
+
+    Returns:
+        ``(output, weights)``: output ``(batch, h, L, d_v)``; weights
+        ``(batch, h, L, S)`` (before dropout) when ``need_weights``, else ``None``.
+        A query that may attend to no key gets zero output, zero weights and zero
+        gradient on both paths, never NaN.
+
+    Only shapes, dtypes and devices are checked, never values, so no check waits for
+    an accelerator.
+    """
+    _check_heads(q, k, v)
+    batch, h, length, _ = q.shape
+    check_mask(mask, (batch, h, length, k.size(2)), q.device)
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p!r}")
+    group = h // k.size(1)
+    if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if need_weights:
+        return _explicit_attention(q, k, v, mask, dropout_p)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+    # A query with no key to attend to must give zero output and zero gradient on every
+    # backend: let the kernel see all keys for such rows (so no backend meets an empty
+    # row), then zero them.
+    has_key = mask.any(dim=-1, keepdim=True)
+    output = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
+    return output.masked_fill(~has_key, 0.0), None
+
+
+def _explicit_attention(q, k, v, mask, dropout_p=0.0):
+    """``softmax(q k^T / sqrt(d)) v`` with the weights materialised; inputs already checked."""
+    # float16 and bfloat16 scores are computed in float32 (float32 and float64 stay as
+    # they are): large scores then neither overflow nor lose their precision.
+    compute = torch.promote_types(q.dtype, torch.float32)
+    scores = q.to(compute) @ k.to(compute).transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
-        check_mask(mask, scores.shape)
         # Masked scores become -inf, so exp() gives them exactly zero weight.
         scores = scores.masked_fill(~mask, float("-inf"))
         # A row with no key left would be softmax(-inf, ..., -inf) = 0/0 = NaN.
@@ -51,7 +123,24 @@ def scaled_dot_product_attention(
     weights = torch.softmax(scores, dim=-1)
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
-    return weights @ value, weights
+    weights = weights.to(v.dtype)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights
+
+
+def _check_same_dtype_and_device(**tensors: torch.Tensor) -> None:
+    (first, t0), *rest = tensors.items()
+    for name, t in rest:
+        if t.device != t0.device:
+            raise ValueError(
+                f"{first} and {name} must be on the same device, got {first} on {t0.device} "
+                f"and {name} on {t.device}"
+            )
+        if t.dtype != t0.dtype:
+            raise TypeError(
+                f"{first} and {name} must have the same dtype, got {first} {t0.dtype} "
+                f"and {name} {t.dtype}"
+            )
 
 
 def _check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
@@ -62,6 +151,7 @@ def _check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> N
             raise ValueError(
                 f"{name} must have shape (..., length, features), got {tuple(t.shape)}"
             )
+    _check_same_dtype_and_device(query=query, key=key, value=value)
     if query.size(-1) != key.size(-1):
         raise ValueError(
             f"query and key need the same feature size d: query {tuple(query.shape)} is "
@@ -79,3 +169,31 @@ def _check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> N
             f"batch dimensions do not match: query {tuple(query.shape)}, "
             f"key {tuple(key.shape)}, value {tuple(value.shape)}"
         ) from None
+
+
+def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    layouts = {
+        "q": "(batch, h, L, d)",
+        "k": "(batch, h_kv, S, d)",
+        "v": "(batch, h_kv, S, d_v)",
+    }
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must have 4 dimensions {layouts[name]}, got shape {tuple(t.shape)}"
+            )
+    _check_same_dtype_and_device(q=q, k=k, v=v)
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if not q.size(0) == k.size(0) == v.size(0):
+        raise ValueError(f"q, k and v need the same batch size, got {shapes}")
+    if k.shape[1:3] != v.shape[1:3]:
+        raise ValueError(f"k and v need the same (h_kv, S): heads and length, got {shapes}")
+    if q.size(3) != k.size(3):
+        raise ValueError(f"q and k need the same feature size d, got {shapes}")
+    if k.size(1) == 0 or q.size(1) % k.size(1) != 0:
+        raise ValueError(
+            f"the number of key/value heads h_kv must divide the number of query heads h, "
+            f"got h={q.size(1)}, h_kv={k.size(1)} ({shapes})"
+        )

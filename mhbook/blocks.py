@@ -5,13 +5,45 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .cache import LayerCache
 from .layers import AddNorm, PositionWiseFFN
 from .multihead import MultiHeadAttention
 
 __all__ = ["EncoderBlock", "DecoderBlock"]
 
 
-class EncoderBlock(nn.Module):
+class _Block(nn.Module):
+    """What both blocks share: a copy of PyTorch's layer (:meth:`from_torch`)."""
+
+    #: the PyTorch layer this block mirrors, and its attentions: ours -> PyTorch's name
+    torch_layer: type[nn.Module]
+    attentions: dict[str, str]
+
+    @classmethod
+    def from_torch(cls, layer: nn.Module) -> _Block:
+        """Copy a PyTorch layer (:attr:`torch_layer`, ``batch_first=True``, ReLU):
+        same weights, same outputs."""
+        _check_torch_layer(layer, cls.torch_layer)
+        block = cls(
+            layer.self_attn.embed_dim,
+            layer.self_attn.num_heads,
+            layer.linear1.out_features,
+            dropout=layer.dropout.p,
+            norm_first=layer.norm_first,
+            eps=layer.norm1.eps,
+        ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)
+        for ours, theirs in cls.attentions.items():
+            setattr(block, ours, MultiHeadAttention.from_torch(getattr(layer, theirs)))
+        with torch.no_grad():
+            block.ffn.linear1.load_state_dict(layer.linear1.state_dict())
+            block.ffn.linear2.load_state_dict(layer.linear2.state_dict())
+            for i in range(1, len(cls.attentions) + 2):  # one norm per sublayer
+                norm = getattr(layer, f"norm{i}")
+                getattr(block, f"addnorm{i}").norm.load_state_dict(norm.state_dict())
+        return block
+
+
+class EncoderBlock(_Block):
     """Self-attention then a feed-forward network, each wrapped in :class:`AddNorm`.
 
     Args:
@@ -19,7 +51,13 @@ class EncoderBlock(nn.Module):
         d_ff: hidden size of the feed-forward network.
         dropout: dropout on attention weights, inside the FFN and on each residual branch.
         norm_first: ``False`` for post-norm (the paper), ``True`` for pre-norm.
+        eps: the layer norms' epsilon.
+
+    :meth:`from_torch` copies an ``nn.TransformerEncoderLayer(..., batch_first=True)``.
     """
+
+    torch_layer = nn.TransformerEncoderLayer
+    attentions = {"self_attn": "self_attn"}
 
     def __init__(
         self,
@@ -41,29 +79,17 @@ class EncoderBlock(nn.Module):
         x = self.addnorm1(x, lambda x: self.self_attn(x, x, x, mask))
         return self.addnorm2(x, self.ffn)
 
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderBlock:
-        """Copy an ``nn.TransformerEncoderLayer(..., batch_first=True)`` with ReLU."""
-        _check_torch_layer(layer, nn.TransformerEncoderLayer)
-        block = cls(
-            layer.self_attn.embed_dim,
-            layer.self_attn.num_heads,
-            layer.linear1.out_features,
-            dropout=layer.dropout.p,
-            norm_first=layer.norm_first,
-            eps=layer.norm1.eps,
-        ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)
-        block.self_attn = MultiHeadAttention.from_torch(layer.self_attn)
-        _copy_ffn_and_norms(layer, block.ffn, [block.addnorm1, block.addnorm2])
-        return block
 
-
-class DecoderBlock(nn.Module):
+class DecoderBlock(_Block):
     """Masked self-attention, cross-attention to the encoder's output, then a
     feed-forward network, each wrapped in :class:`AddNorm`.
 
-    Arguments as for :class:`EncoderBlock`.
+    Arguments as for :class:`EncoderBlock`. :meth:`from_torch` copies an
+    ``nn.TransformerDecoderLayer(..., batch_first=True)``.
     """
+
+    torch_layer = nn.TransformerDecoderLayer
+    attentions = {"self_attn": "self_attn", "cross_attn": "multihead_attn"}
 
     def __init__(
         self,
@@ -88,7 +114,7 @@ class DecoderBlock(nn.Module):
         memory: torch.Tensor,
         self_mask: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
-        cache: dict | None = None,
+        cache: LayerCache | None = None,
     ) -> torch.Tensor:
         """Run the block.
 
@@ -100,10 +126,10 @@ class DecoderBlock(nn.Module):
                 :func:`mhbook.causal_mask`.
             memory_mask: bool, broadcastable to ``(batch, h, T, S)``; usually
                 :func:`mhbook.padding_mask` of the source.
-            cache: ``None`` in training. When decoding, a dict this block fills:
-                ``cache["self"]`` holds the projected keys and values of every
-                earlier target token, ``cache["memory"]`` those of ``memory``
-                (projected once, on the first step).
+            cache: ``None`` in training. When decoding, this block's
+                :class:`mhbook.LayerCache`: the new tokens' keys and values are added
+                to it (:meth:`~mhbook.LayerCache.update`), and ``memory`` is projected
+                into its ``memory_keys``/``memory_values`` on the first step only.
 
         Returns:
             ``(batch, T, d_model)``.
@@ -115,37 +141,17 @@ class DecoderBlock(nn.Module):
     def _self_attention(self, x, mask, cache):
         k, v = self.self_attn.project_kv(x, x)  # only the new tokens are projected
         if cache is not None:
-            if "self" in cache:
-                k_old, v_old = cache["self"]
-                k, v = torch.cat([k_old, k], dim=2), torch.cat([v_old, v], dim=2)
-            cache["self"] = (k, v)
+            k, v = cache.update(k, v)  # the earlier tokens' keys and values, then these
         return self.self_attn.attend(x, k, v, mask)
 
     def _cross_attention(self, x, memory, mask, cache):
-        if cache is not None and "memory" in cache:
-            k, v = cache["memory"]
-        else:
+        if cache is None:
             k, v = self.cross_attn.project_kv(memory, memory)
-            if cache is not None:
-                cache["memory"] = (k, v)
+        else:
+            if cache.memory_keys is None:  # the first step: project the memory once
+                cache.memory_keys, cache.memory_values = self.cross_attn.project_kv(memory, memory)
+            k, v = cache.memory_keys, cache.memory_values
         return self.cross_attn.attend(x, k, v, mask)
-
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderBlock:
-        """Copy an ``nn.TransformerDecoderLayer(..., batch_first=True)`` with ReLU."""
-        _check_torch_layer(layer, nn.TransformerDecoderLayer)
-        block = cls(
-            layer.self_attn.embed_dim,
-            layer.self_attn.num_heads,
-            layer.linear1.out_features,
-            dropout=layer.dropout.p,
-            norm_first=layer.norm_first,
-            eps=layer.norm1.eps,
-        ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)
-        block.self_attn = MultiHeadAttention.from_torch(layer.self_attn)
-        block.cross_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
-        _copy_ffn_and_norms(layer, block.ffn, [block.addnorm1, block.addnorm2, block.addnorm3])
-        return block
 
 
 def _check_torch_layer(layer, kind) -> None:
@@ -155,12 +161,3 @@ def _check_torch_layer(layer, kind) -> None:
         raise ValueError(f"expected {kind.__name__}(..., batch_first=True), got batch_first=False")
     if getattr(layer, "activation_relu_or_gelu", 1) != 1:
         raise ValueError(f"only ReLU is supported, got activation {layer.activation}")
-
-
-def _copy_ffn_and_norms(layer, ffn: PositionWiseFFN, addnorms: list[AddNorm]) -> None:
-    norms = [layer.norm1, layer.norm2, getattr(layer, "norm3", None)]
-    with torch.no_grad():
-        ffn.linear1.load_state_dict(layer.linear1.state_dict())
-        ffn.linear2.load_state_dict(layer.linear2.state_dict())
-        for addnorm, norm in zip(addnorms, norms):
-            addnorm.norm.load_state_dict(norm.state_dict())

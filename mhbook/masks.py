@@ -11,6 +11,7 @@ shape is ``(batch, num_heads, num_queries, num_keys)``.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -30,6 +31,12 @@ def padding_mask(valid_lens: torch.Tensor, num_keys: int) -> torch.Tensor:
         A bool mask ``(batch, 1, 1, Lk)`` (or ``(batch, 1, Lq, Lk)`` for 2-D
         ``valid_lens``), broadcastable to ``(batch, num_heads, Lq, Lk)``:
         ``mask[b, ..., j]`` is ``True`` when ``j < valid_lens[b]``.
+
+    Raises:
+        TypeError: ``valid_lens`` is not a tensor of integers.
+        ValueError: a length is negative or above ``num_keys``. This check reads the
+            values, so it runs only for CPU tensors, where it is cheap; on an
+            accelerator it would wait for the device at every call, so it is skipped.
     """
     if not isinstance(valid_lens, torch.Tensor):
         raise TypeError(f"valid_lens must be a torch.Tensor, got {type(valid_lens).__name__}")
@@ -38,13 +45,27 @@ def padding_mask(valid_lens: torch.Tensor, num_keys: int) -> torch.Tensor:
             "valid_lens must have shape (batch,) or (batch, num_queries), "
             f"got shape {tuple(valid_lens.shape)}"
         )
+    if valid_lens.is_floating_point() or valid_lens.is_complex() or valid_lens.dtype == torch.bool:
+        raise TypeError(f"valid_lens must hold integer lengths, got dtype {valid_lens.dtype}")
+    _check_count("num_keys", num_keys)
+    if valid_lens.device.type == "cpu" and valid_lens.numel() > 0:
+        low, high = int(valid_lens.min()), int(valid_lens.max())
+        if low < 0 or high > num_keys:
+            raise ValueError(
+                f"valid_lens must be between 0 and num_keys={num_keys}, "
+                f"got values from {low} to {high}"
+            )
     positions = torch.arange(num_keys, device=valid_lens.device)
     mask = positions < valid_lens.unsqueeze(-1)  # (B, Lk) or (B, Lq, Lk)
     return mask[:, None, None, :] if valid_lens.dim() == 1 else mask[:, None, :, :]
 
 
 def causal_mask(
-    num_queries: int, num_keys: int | None = None, device: torch.device | str | None = None
+    num_queries: int,
+    num_keys: int | None = None,
+    device: torch.device | str | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The look-ahead mask, aligned bottom-right.
 
@@ -55,31 +76,52 @@ def causal_mask(
     serves training and decoding. (``is_causal=True`` in PyTorch aligns top-left
     instead, which is wrong for that decoding step.)
 
+    With ``window`` each query also sees at most the ``window`` latest keys, its own
+    included (sliding-window attention): ``0 <= i + (num_keys - num_queries) - j < window``.
+
     Args:
         num_queries: ``Lq``.
         num_keys: ``Lk``; defaults to ``Lq``. Must be at least ``Lq``.
         device: where to create the mask (pass your inputs' ``.device``).
+        window: ``None`` (see every earlier key) or the window's size, at least 1.
 
     Returns:
         A bool mask ``(Lq, Lk)``.
     """
+    _check_count("num_queries", num_queries)
     if num_keys is None:
         num_keys = num_queries
+    _check_count("num_keys", num_keys)
+    if window is not None:
+        _check_count("window", window, minimum=1)
     if num_keys < num_queries:
         raise ValueError(
             f"a bottom-right causal mask needs num_keys >= num_queries, "
             f"got num_queries={num_queries}, num_keys={num_keys}"
         )
     ones = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
-    return ones.tril(diagonal=num_keys - num_queries)
+    mask = ones.tril(diagonal=num_keys - num_queries)
+    if window is not None:
+        mask = mask.triu(diagonal=num_keys - num_queries - window + 1)
+    return mask
 
 
-def check_mask(mask: torch.Tensor | None, scores_shape: Sequence[int]) -> None:
+def _check_count(name: str, value, minimum: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_mask(
+    mask: torch.Tensor | None,
+    scores_shape: Sequence[int],
+    device: torch.device | None = None,
+) -> None:
     """Raise a clear error unless ``mask`` is a bool tensor broadcastable to ``scores_shape``.
 
     Args:
         mask: the mask, or ``None`` (always accepted).
         scores_shape: the shape of the attention scores, ``(..., Lq, Lk)``.
+        device: if given, the mask must be on this device (the queries' device).
     """
     if mask is None:
         return
@@ -91,6 +133,10 @@ def check_mask(mask: torch.Tensor | None, scores_shape: Sequence[int]) -> None:
         raise TypeError(
             f"mask must have dtype torch.bool (True = may attend), got {mask.dtype}; "
             "mhbook does not take additive float masks"
+        )
+    if device is not None and mask.device != device:
+        raise ValueError(
+            f"mask must be on the queries' device {device}, got a mask on {mask.device}"
         )
     expected = tuple(scores_shape)
     try:

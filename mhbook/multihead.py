@@ -11,12 +11,12 @@ every ``W_q^i`` side by side, and the result is split into heads with a reshape.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .attention import scaled_dot_product_attention
-from .masks import check_mask
+from . import attention
 
 __all__ = ["MultiHeadAttention"]
 
@@ -38,15 +38,24 @@ class MultiHeadAttention(nn.Module):
         head_mask: ``None`` or a tensor ``(num_heads,)`` that scales each head's
             output before the heads are merged: 0 switches a head off. Give it
             ``requires_grad=True`` to measure head importance (Michel et al., 2019).
+            It is a buffer: ``.to()`` moves it with the module, ``state_dict`` saves
+            it when it is set, and ``load_state_dict`` restores it (or its absence).
     """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
+        for name, value in (("d_model", d_model), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(
+                    f"{name} must be a positive int, got {value!r} ({type(value).__name__})"
+                )
         if d_model % num_heads != 0:
             raise ValueError(
                 f"d_model must be divisible by num_heads: got d_model={d_model}, "
                 f"num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
             )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_head = d_model // num_heads
@@ -57,7 +66,7 @@ class MultiHeadAttention(nn.Module):
         self.W_o = nn.Linear(d_model, d_model, bias=bias)
         self.keep_weights = False
         self.weights: torch.Tensor | None = None
-        self.head_mask: torch.Tensor | None = None
+        self.register_buffer("head_mask", None)
 
     # -- splitting and merging heads -------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,84 +79,7 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
-    # -- the two halves of forward(), used separately by the KV cache -----------------
-    def project_kv(
-        self, key: torch.Tensor, value: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Project keys and values and split them into heads.
-
-        Args:
-            key: ``(batch, Lk, d_model)``.
-            value: ``(batch, Lk, d_model)``.
-
-        Returns:
-            ``(k, v)``, each ``(batch, num_heads, Lk, d_head)``. A KV cache stores these.
-        """
-        self._check_input("key", key)
-        self._check_input("value", value)
-        if key.shape[:2] != value.shape[:2]:
-            raise ValueError(
-                f"key and value need the same (batch, Lk): key {tuple(key.shape)}, "
-                f"value {tuple(value.shape)}"
-            )
-        return self.split_heads(self.W_k(key)), self.split_heads(self.W_v(value))
-
-    def attend(
-        self,
-        query: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Project the queries and attend to already projected keys and values.
-
-        Args:
-            query: ``(batch, Lq, d_model)``.
-            k, v: ``(batch, num_heads, Lk, d_head)`` from :meth:`project_kv`.
-            mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
-            need_weights: also return the per-head weights.
-
-        Returns:
-            Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
-            ``(batch, num_heads, Lq, Lk)`` when ``need_weights``.
-        """
-        self._check_input("query", query)
-        if query.size(0) != k.size(0):
-            raise ValueError(
-                f"query and key have different batch sizes: query {tuple(query.shape)}, "
-                f"projected key {tuple(k.shape)}"
-            )
-        q = self.split_heads(self.W_q(query))  # (B, h, Lq, d_head)
-        scores_shape = (q.size(0), self.num_heads, q.size(2), k.size(2))
-        check_mask(mask, scores_shape)
-        dropout_p = self.dropout if self.training else 0.0
-        weights = None
-        if need_weights or self.keep_weights:
-            # The explicit path: materialises the (B, h, Lq, Lk) weights.
-            heads, weights = scaled_dot_product_attention(q, k, v, mask)
-            if dropout_p > 0:
-                heads = F.dropout(weights, dropout_p) @ v
-        else:
-            # The fused kernel: never stores the weights, O(L) memory.
-            if mask is None:
-                heads = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-            else:
-                # A query with no key to attend to must give zero output and zero
-                # gradient on every backend: let the kernel see all keys for such
-                # rows (so no backend meets an empty row), then zero them.
-                has_key = mask.any(dim=-1, keepdim=True)
-                heads = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p
-                )
-                heads = heads.masked_fill(~has_key, 0.0)
-        if self.keep_weights:
-            self.weights = weights.detach()
-        if self.head_mask is not None:
-            heads = heads * self.head_mask.view(1, -1, 1, 1)
-        output = self.W_o(self.merge_heads(heads))
-        return (output, weights) if need_weights else output
-
+    # -- forward() and its two halves, used separately by the KV cache ----------------
     def forward(
         self,
         query: torch.Tensor,
@@ -169,24 +101,129 @@ class MultiHeadAttention(nn.Module):
             Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
             ``(batch, num_heads, Lq, Lk)`` when ``need_weights``.
         """
-        self._check_input("query", query)
-        self._check_input("key", key)
-        if query.size(0) != key.size(0):
-            raise ValueError(
-                f"query and key have different batch sizes: query {tuple(query.shape)}, "
-                f"key {tuple(key.shape)}"
-            )
-        k, v = self.project_kv(key, value)
-        return self.attend(query, k, v, mask, need_weights)
+        self._check_inputs(query=query, key=key, value=value)
+        k, v = self._project_kv(key, value)
+        return self._attend(query, k, v, mask, need_weights)
 
-    def _check_input(self, name: str, x: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.size(-1) != self.d_model:
+    def project_kv(
+        self, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Project keys and values and split them into heads.
+
+        Args:
+            key: ``(batch, Lk, d_model)``.
+            value: ``(batch, Lk, d_model)``.
+
+        Returns:
+            ``(k, v)``, each ``(batch, num_heads, Lk, d_head)``. A KV cache stores these.
+        """
+        self._check_inputs(key=key, value=value)
+        return self._project_kv(key, value)
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Project the queries and attend to already projected keys and values.
+
+        Args:
+            query: ``(batch, Lq, d_model)``.
+            k, v: ``(batch, num_heads, Lk, d_head)`` from :meth:`project_kv`.
+            mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
+            need_weights: also return the per-head weights.
+
+        Returns:
+            Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
+            ``(batch, num_heads, Lq, Lk)`` when ``need_weights``.
+        """
+        self._check_inputs(query=query)
+        return self._attend(query, k, v, mask, need_weights)
+
+    def _project_kv(self, key, value):
+        return self.split_heads(self.W_k(key)), self.split_heads(self.W_v(value))
+
+    def _attend(self, query, k, v, mask, need_weights):
+        q = self.split_heads(self.W_q(query))  # (B, h, Lq, d_head)
+        heads, weights = attention.attend(
+            q,
+            k,
+            v,
+            mask,
+            # The explicit path materialises the (B, h, Lq, Lk) weights; otherwise
+            # PyTorch's fused kernel runs in O(L) memory.
+            need_weights=need_weights or self.keep_weights,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        if self.keep_weights:
+            self.weights = weights.detach()
+        if self.head_mask is not None:
+            heads = heads * self._checked_head_mask(heads).view(1, -1, 1, 1)
+        output = self.W_o(self.merge_heads(heads))
+        return (output, weights) if need_weights else output
+
+    def _checked_head_mask(self, heads: torch.Tensor) -> torch.Tensor:
+        mask = self.head_mask
+        if not isinstance(mask, torch.Tensor) or mask.shape != (self.num_heads,):
+            got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"head_mask must be None or of shape ({self.num_heads},), got {got}")
+        if mask.device != heads.device:
             raise ValueError(
-                f"{name} must have shape (batch, length, d_model={self.d_model}), "
-                f"got {tuple(x.shape)}"
+                f"head_mask is on {mask.device} but the heads are on {heads.device}; "
+                "move it with the module (.to()) or create it on the module's device"
             )
+        return mask
+
+    def _check_inputs(self, **inputs: torch.Tensor) -> None:
+        """Check query/key/value: tensors ``(batch, length, d_model)`` on the module's
+        device and of its dtype, all with one batch size; key and value of one length."""
+        weight = self.W_q.weight
+        for name, x in inputs.items():
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            if x.dim() != 3 or x.size(-1) != self.d_model:
+                raise ValueError(
+                    f"{name} must have shape (batch, length, d_model={self.d_model}), "
+                    f"got {tuple(x.shape)}"
+                )
+            if x.device != weight.device:
+                raise ValueError(
+                    f"{name} is on {x.device} but the module is on {weight.device}; "
+                    f"move one of them (e.g. {name}.to({str(weight.device)!r}))"
+                )
+            if x.dtype != weight.dtype and not _autocasting(x.device):
+                raise TypeError(
+                    f"{name} has dtype {x.dtype} but the module's weights are {weight.dtype}; "
+                    f"convert one of them (e.g. {name}.to({weight.dtype}))"
+                )
+        (first, x0), *rest = inputs.items()
+        for name, x in rest:
+            if x.size(0) != x0.size(0):
+                raise ValueError(
+                    f"{first} and {name} have different batch sizes: {first} "
+                    f"{tuple(x0.shape)}, {name} {tuple(x.shape)}"
+                )
+        key, value = inputs.get("key"), inputs.get("value")
+        if key is not None and value is not None and key.size(1) != value.size(1):
+            raise ValueError(
+                f"key and value need the same length Lk: key {tuple(key.shape)}, "
+                f"value {tuple(value.shape)}"
+            )
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A state_dict holds "head_mask" only when one was set. Loading restores that:
+        # make room for a saved mask (the parent method copies it in), drop ours otherwise.
+        saved = state_dict.get(prefix + "head_mask")
+        weight = self.W_q.weight
+        self.head_mask = (
+            None
+            if saved is None
+            else torch.empty(saved.shape, dtype=weight.dtype, device=weight.device)
+        )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- conversion to and from PyTorch ---------------------------------------------
     @classmethod
@@ -230,3 +267,8 @@ class MultiHeadAttention(nn.Module):
                 m.in_proj_bias.copy_(torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias]))
                 m.out_proj.bias.copy_(self.W_o.bias)
         return m
+
+
+def _autocasting(device: torch.device) -> bool:
+    """Whether autocast is on for ``device``: PyTorch then casts for the matrix products."""
+    return torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .blocks import DecoderBlock, EncoderBlock
+from .cache import KVCache
 from .config import ModelConfig
 from .layers import PositionalEncoding
 from .masks import causal_mask, padding_mask
@@ -78,20 +79,28 @@ class TransformerDecoder(_Stack):
         super().__init__(config, vocab_size, DecoderBlock)
         self.output = nn.Linear(config.d_model, vocab_size)
 
+    def new_cache(self) -> KVCache:
+        """An empty :class:`mhbook.KVCache` for this decoder (one layer cache per block)."""
+        return KVCache(len(self.blocks))
+
     def forward(
         self,
         tgt: torch.Tensor,
         memory: torch.Tensor,
         memory_mask: torch.Tensor | None = None,
-        caches: list[dict] | None = None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
         """Logits for the next token at every position.
 
         Args:
-            tgt: ``(batch, T)`` token ids: the whole prefix, or with ``caches`` only the new tokens.
+            tgt: ``(batch, T)`` token ids: the whole prefix, or with ``cache`` only the
+                new tokens.
             memory: ``(batch, S, d_model)`` from the encoder.
             memory_mask: bool, broadcastable to ``(batch, h, T, S)``.
-            caches: ``None``, or one dict per block (see :meth:`DecoderBlock.forward`).
+            cache: ``None``, or a :class:`mhbook.KVCache` (:meth:`new_cache`) that holds
+                the earlier tokens: ``cache.length`` of them come before ``tgt``. This
+                call adds ``tgt``'s keys and values to it, and on the first call the
+                projected ``memory`` (later calls reuse it: keep ``memory`` the same).
 
         Returns:
             ``(batch, T, vocab_size)``.
@@ -101,13 +110,14 @@ class TransformerDecoder(_Stack):
                 f"tgt and memory have different batch sizes: tgt {tuple(tgt.shape)}, "
                 f"memory {tuple(memory.shape)}"
             )
-        num_cached = caches[0]["self"][0].size(2) if caches and "self" in caches[0] else 0
+        _check_cache(cache, len(self.blocks))
+        num_cached = 0 if cache is None else cache.length
         num_new = tgt.size(1)
         # Bottom-right alignment: the new tokens see every cached one and the earlier new ones.
         self_mask = causal_mask(num_new, num_cached + num_new, device=tgt.device)
         x = self.embed(tgt, "tgt", offset=num_cached)
         for i, block in enumerate(self.blocks):
-            x = block(x, memory, self_mask, memory_mask, None if caches is None else caches[i])
+            x = block(x, memory, self_mask, memory_mask, None if cache is None else cache.layers[i])
         return self.output(self.norm(x))
 
 
@@ -162,8 +172,9 @@ class Transformer(nn.Module):
         """Translate by picking the most likely token at every step.
 
         With ``use_cache=True`` each decoder layer keeps the projected keys and
-        values of the tokens so far, so each step feeds in and projects only the
-        newest token; the encoder memory's keys and values are projected once.
+        values of the tokens so far (a :class:`mhbook.KVCache`), so each step feeds in
+        and projects only the newest token; the encoder memory's keys and values are
+        projected once.
         With ``use_cache=False`` the whole prefix is run again at every step.
         Both give the same tokens. Runs in eval mode (restoring the mode after).
 
@@ -175,7 +186,8 @@ class Transformer(nn.Module):
         Returns:
             ``(batch, n)`` with ``n <= max_len`` generated ids, ``<bos>`` not
             included; after a sequence's ``<eos>`` it is filled with ``eos_id``.
-            Stops early once every sequence has produced ``<eos>``.
+            Stops early once every sequence has produced ``<eos>`` (except on the
+            ``meta`` device, whose tensors hold no values to test).
         """
         _check_batch(src, None, src_valid_lens)
         was_training = self.training
@@ -184,17 +196,18 @@ class Transformer(nn.Module):
             memory = self.encoder(src, src_valid_lens)
             memory_mask = padding_mask(src_valid_lens, src.size(1))
             batch = src.size(0)
-            caches = [{} for _ in self.decoder.blocks] if use_cache else None
+            # (A model without layers has nothing to cache.)
+            cache = self.decoder.new_cache() if use_cache and len(self.decoder.blocks) else None
             tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
             finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
             for _ in range(max_len):
-                new = tokens[:, -1:] if use_cache else tokens
-                logits = self.decoder(new, memory, memory_mask, caches)
+                new = tokens if cache is None else tokens[:, -1:]
+                logits = self.decoder(new, memory, memory_mask, cache)
                 next_token = logits[:, -1].argmax(dim=-1)
                 next_token = next_token.masked_fill(finished, eos_id)
                 tokens = torch.cat([tokens, next_token[:, None]], dim=1)
                 finished |= next_token == eos_id
-                if bool(finished.all()):
+                if finished.device.type != "meta" and bool(finished.all()):
                     break
             return tokens[:, 1:]
         finally:
@@ -207,7 +220,8 @@ def record_attention(model: nn.Module):
 
     Inside the ``with`` block every :class:`MultiHeadAttention` stores its weights
     ``(batch, h, Lq, Lk)`` of its latest call. The context value is a function that
-    returns them as a dict, e.g. for a :class:`Transformer`::
+    returns them as a dict of the layers that ran in this recording (weights kept from
+    an earlier one are cleared when it starts), e.g. for a :class:`Transformer`::
 
         with record_attention(model) as weights:
             model(src, tgt_in, src_valid_lens)
@@ -219,6 +233,7 @@ def record_attention(model: nn.Module):
     previous = {name: m.keep_weights for name, m in layers.items()}
     for m in layers.values():
         m.keep_weights = True
+        m.weights = None
 
     def weights() -> dict[str, torch.Tensor]:
         return {name: m.weights for name, m in layers.items() if m.weights is not None}
@@ -231,12 +246,40 @@ def record_attention(model: nn.Module):
 
 
 def _check_tokens(name: str, t: torch.Tensor, vocab_size: int | None = None) -> None:
+    """Type, shape and dtype; with ``vocab_size`` also the ids, but only on the CPU:
+    reading values from an accelerator would wait for it at every call."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(t).__name__}")
     if t.dim() != 2:
         raise ValueError(f"{name} must have shape (batch, length), got {tuple(t.shape)}")
     if t.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
         raise TypeError(f"{name} must hold integer token ids, got dtype {t.dtype}")
+    if vocab_size is not None and t.device.type == "cpu" and t.numel() > 0:
+        low, high = int(t.min()), int(t.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{name} holds token ids from {low} to {high}, but the vocabulary has "
+                f"{vocab_size} tokens: ids must be in [0, {vocab_size - 1}]"
+            )
+
+
+def _check_cache(cache: KVCache | None, num_layers: int) -> None:
+    if cache is None:
+        return
+    if not isinstance(cache, KVCache):
+        raise TypeError(
+            f"cache must be None or a mhbook.KVCache (decoder.new_cache()), "
+            f"got {type(cache).__name__}"
+        )
+    if len(cache.layers) != num_layers:
+        raise ValueError(
+            f"the decoder has {num_layers} layers but the cache has {len(cache.layers)}"
+        )
+    if cache.window is not None:
+        raise ValueError(
+            f"this decoder attends to every earlier token, but the cache keeps only the "
+            f"last window={cache.window}: use a KVCache without a window"
+        )
 
 
 def _check_batch(src, tgt_in, src_valid_lens) -> None:

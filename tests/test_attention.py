@@ -3,6 +3,8 @@ forward and gradients, float32 and float64."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -161,3 +163,99 @@ def test_causal_mask_one_query_step_sees_everything():
 def test_causal_mask_fewer_keys_than_queries_raises():
     with pytest.raises(ValueError, match=r"num_queries=5, num_keys=3"):
         mhbook.causal_mask(5, 3)
+
+
+# -- float16 -----------------------------------------------------------------------------
+def test_float32_weights_are_exactly_the_formula():
+    """Chapter 1 checks ``torch.equal`` against ``softmax(q k^T / sqrt(d))`` written by
+    hand: in float32 and float64 the explicit path must round exactly as that does."""
+    for dtype in (torch.float32, torch.float64):
+        q, k, v = (t.detach() for t in _inputs((2,), 5, 5, dtype, d=3, dv=3))
+        output, weights = mhbook.scaled_dot_product_attention(q, k, v)
+        by_hand = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(3), dim=-1)
+        assert torch.equal(weights, by_hand) and torch.equal(output, by_hand @ v)
+
+
+def test_float16_large_inputs_stay_finite_and_match_the_fused_kernel():
+    """Inputs around 300 give float16 scores far above its largest value (65504) unless
+    they are scaled first and computed in float32, as PyTorch's kernel does."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 4, 8, generator=g) * 300 for _ in range(3))
+    mask = mhbook.causal_mask(4)
+    half = [t.half() for t in (q, k, v)]
+    output, weights = mhbook.scaled_dot_product_attention(*half, mask)
+    assert output.dtype == weights.dtype == torch.float16
+    assert torch.isfinite(output).all() and torch.isfinite(weights).all()
+    fused = F.scaled_dot_product_attention(*half, attn_mask=mask)
+    torch.testing.assert_close(output.float(), fused.float(), rtol=2e-3, atol=0.5)
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    torch.testing.assert_close(output.double(), exact, rtol=2e-3, atol=1.0)
+
+
+# -- attend: the core of every attention layer ------------------------------------------
+def _heads(h, h_kv, num_queries, num_keys, dtype, d=8, dv=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(3, h, num_queries, d), (3, h_kv, num_keys, d), (3, h_kv, num_keys, dv)]
+    return [torch.randn(s, generator=g, dtype=dtype, requires_grad=True) for s in shapes]
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+@pytest.mark.parametrize("h_kv", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "causal+padding"])
+def test_attend_matches_torch(h_kv, need_weights, masked, dtype, assert_close):
+    """Forward and gradients against F.scaled_dot_product_attention(enable_gqa=True)."""
+    q, k, v = _heads(4, h_kv, 4, 6, dtype)
+    mask = mhbook.causal_mask(4, 6) & mhbook.padding_mask(torch.tensor([6, 3, 5]), 6)
+    mask = mask if masked else None
+    output, weights = mhbook.attend(q, k, v, mask, need_weights=need_weights)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert output.shape == (3, 4, 4, 6)
+    assert_close(output, expected, "output")
+    if need_weights:
+        assert weights.shape == (3, 4, 4, 6)
+        assert_close(weights @ v.repeat_interleave(4 // h_kv, dim=1), output, "weights @ v")
+    else:
+        assert weights is None
+    for name, ours, theirs in zip("qkv", _grads(output, (q, k, v)), _grads(expected, (q, k, v))):
+        assert_close(ours, theirs, f"gradient w.r.t. {name}")
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+def test_attend_query_head_i_uses_key_value_head_i_over_group(need_weights, dtype, assert_close):
+    """Grouped-query attention: with h = 6 and h_kv = 2, heads 0-2 read key/value head 0
+    and heads 3-5 key/value head 1 (not 0, 1, 0, 1, ...)."""
+    q, k, v = _heads(6, 2, 3, 5, dtype)
+    output, _ = mhbook.attend(q, k, v, need_weights=need_weights)
+    for i in range(6):
+        j = i // 3
+        one_head = F.scaled_dot_product_attention(q[:, i : i + 1], k[:, j : j + 1], v[:, j : j + 1])
+        assert_close(output[:, i : i + 1], one_head, f"query head {i}")
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+def test_attend_fully_masked_rows_give_zero_not_nan(need_weights, dtype):
+    q, k, v = _heads(4, 2, 3, 5, dtype)
+    mask = mhbook.padding_mask(torch.tensor([[5, 5, 5], [0, 0, 0], [2, 0, 4]]), 5)
+    output, weights = mhbook.attend(q, k, v, mask, need_weights=need_weights)
+    empty = (~mask.any(dim=-1)).expand(3, 4, 3)
+    assert (output[empty] == 0).all() and torch.isfinite(output).all()
+    if need_weights:
+        assert (weights[empty] == 0).all()
+    grads = torch.autograd.grad(output.sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert (grads[0][empty] == 0).all()
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+def test_attend_dropout_keeps_the_expected_output(need_weights):
+    """Dropout zeroes weights and scales the others by 1 / (1 - p): each call differs,
+    their mean is the output without dropout."""
+    q, k, v = (t.detach() for t in _heads(2, 2, 3, 5, torch.float64))
+    plain, _ = mhbook.attend(q, k, v, need_weights=need_weights)
+    torch.manual_seed(0)
+    n = 4000  # independent dropout draws, as one batch of n copies
+    copies = [t.repeat(n, 1, 1, 1) for t in (q, k, v)]
+    runs, _ = mhbook.attend(*copies, need_weights=need_weights, dropout_p=0.5)
+    runs = runs.view(n, *plain.shape)
+    assert not torch.allclose(runs[0], plain)
+    torch.testing.assert_close(runs.mean(0), plain, atol=0.08, rtol=0)  # seeded

@@ -111,14 +111,15 @@ def test_decoder_block_cache_step_by_step_equals_full(norm_first, dtype, assert_
     memory_mask = mhbook.padding_mask(torch.tensor([4, 2]), 4)
     with torch.no_grad():
         full = block(tgt, memory, mhbook.causal_mask(6), memory_mask)
-        cache: dict = {}
+        cache = mhbook.LayerCache()
         steps = []
         for t in range(6):
             steps.append(
                 block(tgt[:, t : t + 1], memory, mhbook.causal_mask(1, t + 1), memory_mask, cache)
             )
-    assert cache["self"][0].shape == (2, NUM_HEADS, 6, D_MODEL // NUM_HEADS)
-    assert cache["memory"][0].shape == (2, NUM_HEADS, 4, D_MODEL // NUM_HEADS)
+    assert cache.length == 6
+    assert cache.keys.shape == cache.values.shape == (2, NUM_HEADS, 6, D_MODEL // NUM_HEADS)
+    assert cache.memory_keys.shape == (2, NUM_HEADS, 4, D_MODEL // NUM_HEADS)
     assert_close(torch.cat(steps, dim=1), full)
 
 

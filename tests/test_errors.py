@@ -160,3 +160,160 @@ def test_from_torch_needs_batch_first():
         mhbook.MultiHeadAttention.from_torch(torch.nn.MultiheadAttention(D_MODEL, NUM_HEADS))
     with pytest.raises(TypeError, match=shapes("nn.MultiheadAttention", "Linear")):
         mhbook.MultiHeadAttention.from_torch(torch.nn.Linear(2, 2))
+
+
+# -- constructor arguments ---------------------------------------------------------------
+@pytest.mark.parametrize("num_heads", [0, -2, 2.0, True])
+def test_num_heads_must_be_a_positive_int(num_heads):
+    with pytest.raises(ValueError, match=shapes("num_heads", "positive int", repr(num_heads))):
+        mhbook.MultiHeadAttention(D_MODEL, num_heads)
+
+
+def test_d_model_must_be_positive():
+    with pytest.raises(ValueError, match=shapes("d_model", "positive int", "got 0")):
+        mhbook.MultiHeadAttention(0, 1)
+
+
+# -- dtypes and devices -------------------------------------------------------------------
+def test_input_dtype_differs_from_the_module(mha):
+    with pytest.raises(TypeError, match=shapes("query", "torch.float64", "torch.float32")):
+        mha(x(2, 3, D_MODEL).double(), x(2, 3, D_MODEL), x(2, 3, D_MODEL))
+    with pytest.raises(TypeError, match=shapes("value", "torch.float16", "torch.float32")):
+        mha(x(2, 3, D_MODEL), x(2, 3, D_MODEL), x(2, 3, D_MODEL).half())
+
+
+def test_input_on_another_device_than_the_module():
+    with torch.device("meta"):
+        mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    with pytest.raises(ValueError, match=shapes("query", "cpu", "meta")):
+        mha(x(2, 3, D_MODEL), x(2, 3, D_MODEL), x(2, 3, D_MODEL))
+
+
+def test_qkv_dtypes_or_devices_differ_explicit_attention():
+    with pytest.raises(TypeError, match=shapes("query", "key", "torch.float32", "torch.float64")):
+        mhbook.scaled_dot_product_attention(x(2, 3, 8), x(2, 4, 8).double(), x(2, 4, 8))
+    meta = torch.empty(2, 4, 8, device="meta")
+    with pytest.raises(ValueError, match=shapes("query", "key", "cpu", "meta")):
+        mhbook.scaled_dot_product_attention(x(2, 3, 8), meta, meta)
+    with pytest.raises(ValueError, match=shapes("mask", "cpu", "meta")):
+        mask = torch.ones(3, 4, dtype=torch.bool, device="meta")
+        mhbook.scaled_dot_product_attention(x(2, 3, 8), x(2, 4, 8), x(2, 4, 8), mask)
+
+
+def test_qkv_dtypes_or_devices_differ_attend():
+    q, k = x(2, 4, 3, 8), x(2, 2, 5, 8)
+    with pytest.raises(TypeError, match=shapes("q", "v", "torch.float32", "torch.float16")):
+        mhbook.attend(q, k, k.half())
+    with pytest.raises(ValueError, match=shapes("q", "k", "cpu", "meta")):
+        mhbook.attend(q, k.to("meta"), k.to("meta"))
+
+
+def test_head_mask_of_wrong_shape(mha):
+    mha.head_mask = torch.ones(NUM_HEADS + 1)
+    with pytest.raises(ValueError, match=shapes("head_mask", f"({NUM_HEADS},)", "(3,)")):
+        mha(x(2, 3, D_MODEL), x(2, 3, D_MODEL), x(2, 3, D_MODEL))
+
+
+# -- attend --------------------------------------------------------------------------------
+def test_attend_rejects_keys_without_a_head_dimension():
+    """3-D keys and values would broadcast over the heads silently."""
+    with pytest.raises(
+        ValueError, match=shapes("k", "4 dimensions", "(batch, h_kv, S, d)", "(2, 5, 8)")
+    ):
+        mhbook.attend(x(2, 4, 3, 8), x(2, 5, 8), x(2, 5, 8))
+
+
+def test_attend_keys_and_values_of_different_lengths():
+    """PyTorch's fused kernel accepts 4 keys with 5 values and returns garbage."""
+    with pytest.raises(ValueError, match=shapes("k and v", "(2, 4, 4, 8)", "(2, 4, 5, 8)")):
+        mhbook.attend(x(2, 4, 3, 8), x(2, 4, 4, 8), x(2, 4, 5, 8))
+
+
+def test_attend_shape_errors():
+    with pytest.raises(ValueError, match=shapes("batch", "(2, 4, 3, 8)", "(3, 4, 5, 8)")):
+        mhbook.attend(x(2, 4, 3, 8), x(3, 4, 5, 8), x(3, 4, 5, 8))
+    with pytest.raises(ValueError, match=shapes("feature size d", "(2, 4, 3, 8)", "(2, 4, 5, 6)")):
+        mhbook.attend(x(2, 4, 3, 8), x(2, 4, 5, 6), x(2, 4, 5, 6))
+    with pytest.raises(ValueError, match=shapes("h_kv must divide", "h=4", "h_kv=3")):
+        mhbook.attend(x(2, 4, 3, 8), x(2, 3, 5, 8), x(2, 3, 5, 8))
+    with pytest.raises(ValueError, match=shapes("(2, 5)", "(2, 4, 3, 5)")):
+        mhbook.attend(x(2, 4, 3, 8), x(2, 2, 5, 8), x(2, 2, 5, 8), torch.ones(2, 5, dtype=bool))
+    with pytest.raises(TypeError, match=shapes("torch.bool", "torch.float32")):
+        mhbook.attend(x(2, 4, 3, 8), x(2, 2, 5, 8), x(2, 2, 5, 8), torch.ones(3, 5))
+    with pytest.raises(ValueError, match=shapes("dropout_p", "[0, 1]", "1.5")):
+        mhbook.attend(x(2, 4, 3, 8), x(2, 2, 5, 8), x(2, 2, 5, 8), dropout_p=1.5)
+
+
+# -- values: valid_lens, causal_mask, token ids --------------------------------------------
+def test_padding_mask_valid_lens_must_be_integers():
+    with pytest.raises(TypeError, match=shapes("valid_lens", "integer", "torch.float32")):
+        mhbook.padding_mask(torch.tensor([2.5, 1.0]), 4)
+
+
+@pytest.mark.parametrize("lens", [[-1, 2], [2, 5]], ids=["negative", "longer-than-keys"])
+def test_padding_mask_valid_lens_out_of_range(lens):
+    low, high = min(lens), max(lens)
+    with pytest.raises(ValueError, match=shapes("num_keys=4", f"from {low} to {high}")):
+        mhbook.padding_mask(torch.tensor(lens), 4)
+
+
+def test_padding_mask_skips_value_checks_off_the_cpu():
+    """Reading values would synchronise with an accelerator: only CPU tensors are checked."""
+    mask = mhbook.padding_mask(torch.tensor([-1, 9], device="meta"), 4)
+    assert mask.shape == (2, 1, 1, 4) and mask.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    "args,name,bad",
+    [((-1,), "num_queries", -1), ((2, -1), "num_keys", -1), ((2.0,), "num_queries", 2.0)]
+    + [((3, 3.5), "num_keys", 3.5), ((3, 4, None), "window", 0)],
+)
+def test_causal_mask_negative_or_not_an_int(args, name, bad):
+    minimum = 1 if name == "window" else 0
+    with pytest.raises(ValueError, match=shapes(name, f"int >= {minimum}", f"got {bad!r}")):
+        if name == "window":
+            mhbook.causal_mask(*args, window=bad)
+        else:
+            mhbook.causal_mask(*args)
+
+
+@pytest.mark.parametrize("src_id,tgt_id", [(11, 13), (50, 60), (-1, -3)])
+def test_token_id_outside_the_vocabulary(model, src_id, tgt_id):
+    """The vocabularies have 11 (source) and 13 (target) tokens."""
+    src = torch.zeros(2, 5, dtype=torch.long)
+    src[1, 2] = src_id
+    with pytest.raises(ValueError, match=shapes("src", str(src_id), "11 tokens")):
+        model(src, torch.zeros(2, 4, dtype=torch.long), torch.tensor([5, 5]))
+    tgt_in = torch.zeros(2, 4, dtype=torch.long)
+    tgt_in[0, 1] = tgt_id
+    with pytest.raises(ValueError, match=shapes("tgt", str(tgt_id), "13 tokens")):
+        model(torch.zeros(2, 5, dtype=torch.long), tgt_in, torch.tensor([5, 5]))
+
+
+# -- the KV cache ---------------------------------------------------------------------------
+def test_decoder_cache_of_the_wrong_kind(model):
+    memory = x(2, 5, D_MODEL)
+    with pytest.raises(TypeError, match=shapes("mhbook.KVCache", "list")):
+        model.decoder(torch.zeros(2, 1, dtype=torch.long), memory, None, [{}])
+    with pytest.raises(ValueError, match=shapes("1 layers", "the cache has 3")):
+        model.decoder(torch.zeros(2, 1, dtype=torch.long), memory, None, mhbook.KVCache(3))
+
+
+def test_layer_cache_update_that_does_not_fit():
+    cache = mhbook.LayerCache()
+    cache.update(x(2, 4, 3, 8), x(2, 4, 3, 8))
+    with pytest.raises(ValueError, match=shapes("(2, 2, 1, 8)", "(2, 4, 3, 8)", "dim 2")):
+        cache.update(x(2, 2, 1, 8), x(2, 2, 1, 8))
+    with pytest.raises(ValueError, match=shapes("torch.float64", "torch.float32")):
+        cache.update(x(2, 4, 1, 8).double(), x(2, 4, 1, 8).double())
+    with pytest.raises(ValueError, match=shapes("4 dimensions", "(2, 1, 8)")):
+        cache.update(x(2, 1, 8), x(2, 1, 8))
+
+
+def test_input_dtype_differs_from_a_module_on_meta():
+    """The dtype check also works where autocast does not exist (the meta device)."""
+    with torch.device("meta"):
+        mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+        query = torch.randn(2, 3, D_MODEL, dtype=torch.float64)
+    with pytest.raises(TypeError, match=shapes("query", "torch.float64", "torch.float32")):
+        mha(query, query, query)

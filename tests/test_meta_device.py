@@ -60,28 +60,23 @@ def test_cached_decoding_steps_on_meta():
     with torch.no_grad():
         memory = model.encoder(src, valid_lens)
         memory_mask = mhbook.padding_mask(valid_lens, src.size(1))
-        caches = [{} for _ in model.decoder.blocks]
+        cache = model.decoder.new_cache()
         token = torch.zeros(2, 1, dtype=torch.long, device=META)
         for step in range(3):
-            logits = model.decoder(token, memory, memory_mask, caches)
+            logits = model.decoder(token, memory, memory_mask, cache)
             token = logits[:, -1].argmax(dim=-1, keepdim=True)
             assert token.device.type == "meta" and token.shape == (2, 1)
-            assert caches[0]["self"][0].shape == (2, NUM_HEADS, step + 1, D_MODEL // NUM_HEADS)
+            assert cache.length == step + 1
+            assert cache.layers[0].keys.shape == (2, NUM_HEADS, step + 1, D_MODEL // NUM_HEADS)
 
 
-def test_greedy_decode_on_meta():
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+def test_greedy_decode_on_meta(use_cache):
+    """Without values there is no early stop: it decodes max_len tokens."""
     model = _meta_model(False)
     src, _, valid_lens = _meta_batch()
-    try:
-        out = model.greedy_decode(src, valid_lens, bos_id=1, eos_id=2, max_len=3)
-    except RuntimeError as error:
-        # greedy_decode stops early with `if bool(finished.all())`, which needs the
-        # tensor's value; a meta tensor has none. Everything before that check ran on
-        # the meta device (test_cached_decoding_steps_on_meta covers the same steps).
-        if "meta" in str(error) and "item" in str(error):
-            pytest.skip(f"the early-stop check reads a value, impossible on meta: {error}")
-        raise
-    assert out.device.type == "meta"
+    out = model.greedy_decode(src, valid_lens, bos_id=1, eos_id=2, max_len=3, use_cache=use_cache)
+    assert out.device.type == "meta" and out.shape == (2, 3)
 
 
 @pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])

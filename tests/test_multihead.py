@@ -201,3 +201,94 @@ def test_head_mask_gradient(dtype, assert_close):
             [full - loss(1 - torch.eye(NUM_HEADS, dtype=dtype)[i]) for i in range(NUM_HEADS)]
         )
     assert_close(head_mask.grad, expected)
+
+
+def test_head_mask_is_a_buffer_that_moves_with_the_module():
+    """``.double()``, ``.to("meta")`` and ``state_dict`` see the head mask."""
+    torch.manual_seed(9)
+    mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    mha.head_mask = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    assert "head_mask" in dict(mha.named_buffers())
+    mha = mha.double()
+    assert mha.head_mask.dtype == torch.float64
+    x = _randn(2, 3, D_MODEL, dtype=torch.float64, seed=10)
+    assert mha(x, x, x).dtype == torch.float64
+    on_meta = mha.to("meta")
+    assert on_meta.head_mask.device.type == "meta"
+    out = on_meta(*[x.detach().to("meta")] * 3)
+    assert out.device.type == "meta" and out.shape == (2, 3, D_MODEL)
+
+
+def test_head_mask_is_saved_and_loaded_with_the_state_dict():
+    torch.manual_seed(11)
+    mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    mha.head_mask = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    state = mha.state_dict()
+    assert torch.equal(state["head_mask"], mha.head_mask)
+    fresh = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    fresh.load_state_dict(state)  # strict: the key is expected
+    assert torch.equal(fresh.head_mask, mha.head_mask)
+    x = _randn(2, 3, D_MODEL, dtype=torch.float32, seed=12)
+    assert torch.equal(fresh(x, x, x), mha(x, x, x))
+    mha.head_mask = None  # a state without a head mask removes it
+    assert "head_mask" not in mha.state_dict()
+    fresh.load_state_dict(mha.state_dict())
+    assert fresh.head_mask is None
+
+
+def test_head_mask_with_requires_grad_stays_the_same_tensor():
+    """Chapter 7 assigns a leaf that requires grad and reads its ``.grad``."""
+    mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    head_mask = torch.ones(NUM_HEADS, requires_grad=True)
+    mha.head_mask = head_mask
+    assert mha.head_mask is head_mask
+    x = _randn(2, 3, D_MODEL, dtype=torch.float32, seed=13)
+    mha(x, x, x).sum().backward()
+    assert head_mask.grad is not None and torch.isfinite(head_mask.grad).all()
+
+
+def test_subclass_that_sets_its_own_attributes_still_runs():
+    """Chapter 7's PrunedMultiHeadAttention skips MultiHeadAttention.__init__ and sets
+    d_model, d_head, num_heads, dropout, keep_weights, weights, head_mask and the
+    projections itself: forward must need nothing else."""
+
+    class Pruned(mhbook.MultiHeadAttention):
+        def __init__(self, layer, keep):
+            nn.Module.__init__(self)
+            self.d_model, self.d_head, self.num_heads = layer.d_model, layer.d_head, len(keep)
+            self.dropout, self.keep_weights, self.weights, self.head_mask = 0.0, False, None, None
+            rows = torch.cat([torch.arange(i * self.d_head, (i + 1) * self.d_head) for i in keep])
+            for name in ("W_q", "W_k", "W_v"):
+                new = nn.Linear(self.d_model, len(rows))
+                new.weight.data.copy_(getattr(layer, name).weight[rows])
+                new.bias.data.copy_(getattr(layer, name).bias[rows])
+                setattr(self, name, new)
+            self.W_o = nn.Linear(len(rows), self.d_model)
+            self.W_o.weight.data.copy_(layer.W_o.weight[:, rows])
+            self.W_o.bias.data.copy_(layer.W_o.bias)
+
+        def merge_heads(self, x):
+            batch, _, length, _ = x.shape
+            return x.transpose(1, 2).reshape(batch, length, self.num_heads * self.d_head)
+
+    torch.manual_seed(14)
+    full = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    x = _randn(2, 3, D_MODEL, dtype=torch.float32, seed=15).detach()
+    pruned = Pruned(full, keep=[0, 2])
+    full.head_mask = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    torch.testing.assert_close(pruned(x, x, x), full(x, x, x))
+    with mhbook.record_attention(pruned) as weights:
+        pruned(x, x, x)
+    assert weights()[""].shape == (2, 2, 3, 3)
+
+
+def test_autocast_takes_inputs_of_another_dtype():
+    """Under autocast PyTorch casts for the products itself: no dtype error then."""
+    torch.manual_seed(16)
+    mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    x = torch.randn(2, 3, D_MODEL, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for need_weights in (False, True):
+            out = mha(x, x, x, need_weights=need_weights)
+            out = out[0] if need_weights else out
+            assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()

@@ -106,6 +106,42 @@ def test_record_attention_shapes_and_same_logits(norm_first, dtype, assert_close
     )
 
 
+def test_record_attention_forgets_earlier_recordings():
+    """A recording that runs only the encoder returns only the encoder's weights."""
+    model = _model()
+    src, tgt_in, valid_lens = _batch()
+    with mhbook.record_attention(model) as weights:
+        model(src, tgt_in, valid_lens)
+    assert any(name.startswith("decoder") for name in weights())
+    with mhbook.record_attention(model) as weights:
+        model.encoder(src, valid_lens)
+    assert sorted(weights()) == [f"encoder.blocks.{i}.self_attn" for i in range(NUM_LAYERS)]
+
+
+def test_float16_model_records_attention_without_nan():
+    """Large queries and keys (here: W_q and W_k scaled by 30) overflow float16 scores
+    unless they are scaled first and computed in float32; the fused path never overflows,
+    and record_attention must not change that."""
+    torch.manual_seed(0)
+    config = mhbook.ModelConfig(d_model=64, num_heads=4, num_layers=2, d_ff=128)
+    model = mhbook.Transformer(config, SRC_VOCAB, TGT_VOCAB)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, mhbook.MultiHeadAttention):
+                m.W_q.weight.mul_(30)
+                m.W_k.weight.mul_(30)
+    model = model.half().eval()
+    src, tgt_in, valid_lens = _batch()
+    with torch.no_grad():
+        plain = model(src, tgt_in, valid_lens)
+        with mhbook.record_attention(model) as weights:
+            recorded = model(src, tgt_in, valid_lens)
+    assert torch.isfinite(plain).all()
+    assert torch.isfinite(recorded).all()
+    assert all(torch.isfinite(w).all() for w in weights().values())
+    torch.testing.assert_close(recorded.float(), plain.float(), atol=0.05, rtol=0.01)
+
+
 # -- greedy decoding ---------------------------------------------------------------------
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_decode_cache_gives_identical_tokens(seed, norm_first, dtype):
@@ -200,17 +236,24 @@ def test_kv_cache_projects_only_new_tokens():
         h.remove()
 
 
-def test_decoder_with_caches_equals_full_pass(norm_first, dtype, assert_close):
+@pytest.mark.parametrize("sizes", [(2, 2, 1), (1, 3, 1), (1, 1, 1, 1, 1)])
+def test_decoder_with_cache_equals_full_pass(sizes, norm_first, dtype, assert_close):
+    """Chunks of several tokens, also into a cache that already holds some: the new
+    keys must come after the cached ones, in time order."""
     model = _model(dtype, norm_first)
     src, tgt_in, valid_lens = _batch()
     memory = model.encoder(src, valid_lens)
     memory_mask = mhbook.padding_mask(valid_lens, src.size(1))
     full = model.decoder(tgt_in, memory, memory_mask)
-    caches = [{} for _ in model.decoder.blocks]
-    # Two tokens, then one at a time: the cache also works with several new tokens.
-    chunks = [tgt_in[:, :2]] + [tgt_in[:, t : t + 1] for t in range(2, tgt_in.size(1))]
-    steps = [model.decoder(chunk, memory, memory_mask, caches) for chunk in chunks]
+    cache = model.decoder.new_cache()
+    steps = [model.decoder(chunk, memory, memory_mask, cache) for chunk in tgt_in.split(sizes, 1)]
     assert_close(torch.cat(steps, dim=1), full)
+    assert cache.length == tgt_in.size(1)
+    at_once = model.decoder.new_cache()
+    model.decoder(tgt_in, memory, memory_mask, at_once)
+    for chunked, whole in zip(cache.layers, at_once.layers):
+        assert_close(chunked.keys, whole.keys, "cached keys, in time order")
+        assert_close(chunked.values, whole.values, "cached values, in time order")
 
 
 # -- utils ---------------------------------------------------------------------------------

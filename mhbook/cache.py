@@ -1,0 +1,206 @@
+"""The KV cache: what a decoder keeps between decoding steps.
+
+When a decoder generates one token at a time, the keys and values of the earlier
+tokens do not change, so each layer keeps them instead of projecting the whole prefix
+again at every step::
+
+    cache = model.decoder.new_cache()            # or mhbook.KVCache(num_layers)
+    for step in range(n):
+        logits = model.decoder(new_tokens, memory, memory_mask, cache)
+        ...
+    cache.length                  # tokens seen so far: the position of the next one
+    cache.layers[0].keys.shape    # (batch, num_heads, length, d_head)
+    cache.nbytes                  # bytes held by all the cached tensors
+
+A :class:`KVCache` is a list of :class:`LayerCache`, one per decoder layer. A layer
+cache holds
+
+* ``keys`` and ``values`` ``(batch, h_kv, S, d_head)`` of self-attention, which grow by
+  the new tokens at every step (:meth:`LayerCache.update`). ``h_kv`` may be smaller than
+  the number of query heads (grouped-query attention);
+* or, for multi-head latent attention, one ``latent`` ``(batch, S, d_latent)`` per
+  token instead of keys and values (:meth:`LayerCache.update_latent`);
+* ``length``: how many tokens it has seen. With a ``window`` it keeps only the keys and
+  values of the last ``window`` tokens (a rolling cache for sliding-window attention),
+  but ``length`` still counts every token, so that it stays the next token's position;
+* ``memory_keys`` and ``memory_values`` ``(batch, h, S_src, d_head)``: in an
+  encoder-decoder, the encoder output projected once by the cross-attention's ``W_k``
+  and ``W_v``, on the first step (``None`` in a decoder-only model).
+
+Cached tensors are never modified in place: an update concatenates and stores new
+tensors. So :meth:`KVCache.copy` only copies the lists, and a step on the copy leaves
+the original as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+__all__ = ["LayerCache", "KVCache"]
+
+
+class LayerCache:
+    """The cache of one decoder layer.
+
+    Args:
+        window: ``None`` to keep every token's keys and values, or keep only those of
+            the last ``window`` tokens.
+
+    Attributes:
+        keys, values: ``(batch, h_kv, S, d_head)`` self-attention keys and values of
+            the tokens kept (``S <= window``), or ``None`` before the first step.
+        latent: ``(batch, S, d_latent)`` instead of keys and values (latent attention).
+        length: tokens seen so far, kept or not.
+        memory_keys, memory_values: ``(batch, h, S_src, d_head)``, the projected encoder
+            output for cross-attention, or ``None``.
+    """
+
+    def __init__(self, window: int | None = None):
+        bad = isinstance(window, bool) or not isinstance(window, (int, type(None)))
+        if bad or (window is not None and window < 1):
+            raise ValueError(f"window must be None or an int >= 1, got {window!r}")
+        self.window = window
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.latent: torch.Tensor | None = None
+        self.length = 0
+        self.memory_keys: torch.Tensor | None = None
+        self.memory_values: torch.Tensor | None = None
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the keys and values of new tokens.
+
+        Args:
+            k: ``(batch, h_kv, T, d_head)``, the ``T`` new tokens' keys.
+            v: ``(batch, h_kv, T, d_v)``, their values.
+
+        Returns:
+            ``(keys, values)`` ``(batch, h_kv, S + T, ...)``: the kept ones followed by
+            the new ones, in time order: what the new queries attend to. (With a
+            ``window`` the cache then keeps only the last ``window`` of them; the new
+            queries still get all, since the first of ``T`` new tokens needs older keys
+            than the last one. Mask them with ``causal_mask(T, S + T, window=window)``.)
+        """
+        _check_new("k", k, 4, self.keys)
+        _check_new("v", v, 4, self.values)
+        if k.shape[:3] != v.shape[:3]:
+            raise ValueError(
+                f"k and v need the same (batch, h_kv, T), got k {tuple(k.shape)}, "
+                f"v {tuple(v.shape)}"
+            )
+        keys, values = _append(self.keys, k, dim=2), _append(self.values, v, dim=2)
+        self.keys, self.values = self._trim(keys, dim=2), self._trim(values, dim=2)
+        self.length += k.size(2)
+        return keys, values
+
+    def update_latent(self, c: torch.Tensor) -> torch.Tensor:
+        """Add the latents ``(batch, T, d_latent)`` of new tokens (latent attention);
+        return all kept ones followed by the new ones, as :meth:`update` does."""
+        _check_new("c", c, 3, self.latent)
+        latent = _append(self.latent, c, dim=1)
+        self.latent = self._trim(latent, dim=1)
+        self.length += c.size(1)
+        return latent
+
+    def _trim(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        if self.window is None or x.size(dim) <= self.window:
+            return x
+        # clone(): a slice would keep the whole concatenated tensor alive.
+        return x.narrow(dim, x.size(dim) - self.window, self.window).clone()
+
+    @property
+    def num_kept(self) -> int:
+        """How many tokens' keys and values (or latents) the cache holds."""
+        if self.keys is not None:
+            return self.keys.size(2)
+        return 0 if self.latent is None else self.latent.size(1)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the cache holds."""
+        held = (self.keys, self.values, self.latent, self.memory_keys, self.memory_values)
+        return [t for t in held if t is not None]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached tensors."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def copy(self) -> LayerCache:
+        """A copy that shares the tensors (they are never changed in place): cheap."""
+        return copy.copy(self)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(
+            f"{name}={tuple(getattr(self, name).shape)}"
+            for name in ("keys", "values", "latent", "memory_keys", "memory_values")
+            if getattr(self, name) is not None
+        )
+        window = "" if self.window is None else f", window={self.window}"
+        return f"LayerCache(length={self.length}{window}{', ' if shapes else ''}{shapes})"
+
+
+class KVCache:
+    """The cache of a whole decoder: one :class:`LayerCache` per layer.
+
+    Args:
+        num_layers: the decoder's number of layers (blocks), at least 1.
+        window: passed to every :class:`LayerCache`.
+
+    Attributes:
+        layers: the list of :class:`LayerCache`, ``layers[i]`` for block ``i``.
+    """
+
+    def __init__(self, num_layers: int, window: int | None = None):
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
+        self.layers = [LayerCache(window) for _ in range(num_layers)]
+
+    @property
+    def length(self) -> int:
+        """Tokens seen so far: the position of the next token, and the causal mask's offset."""
+        return self.layers[0].length
+
+    @property
+    def window(self) -> int | None:
+        """The layers' window (``None``: they keep every token)."""
+        return self.layers[0].window
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached tensors of every layer (memory keys and values included)."""
+        return sum(layer.nbytes for layer in self.layers)
+
+    def copy(self) -> KVCache:
+        """A copy to step on while this one stays as it is; the tensors are shared, not copied."""
+        new = copy.copy(self)
+        new.layers = [layer.copy() for layer in self.layers]
+        return new
+
+    def __repr__(self) -> str:
+        return f"KVCache(num_layers={len(self.layers)}, length={self.length}, nbytes={self.nbytes})"
+
+
+def _append(old: torch.Tensor | None, new: torch.Tensor, dim: int) -> torch.Tensor:
+    return new if old is None else torch.cat([old, new], dim=dim)
+
+
+def _check_new(name: str, new: torch.Tensor, dims: int, old: torch.Tensor | None) -> None:
+    """``new`` must have ``dims`` dimensions and, if the cache holds ``old``, fit it:
+    same sizes but along the time dimension, same dtype and device."""
+    if not isinstance(new, torch.Tensor) or new.dim() != dims:
+        got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+        raise ValueError(f"{name} must be a tensor with {dims} dimensions, got {got}")
+    if old is None:
+        return
+    time = 2 if dims == 4 else 1
+    same_shape = (
+        new.shape[:time] + new.shape[time + 1 :] == old.shape[:time] + old.shape[time + 1 :]
+    )
+    if not same_shape or new.dtype != old.dtype or new.device != old.device:
+        raise ValueError(
+            f"new {name} {tuple(new.shape)} ({new.dtype}, {new.device}) does not fit the cached "
+            f"{tuple(old.shape)} ({old.dtype}, {old.device}): only the length (dim {time}) "
+            "may differ"
+        )

@@ -1,0 +1,146 @@
+"""The KV cache: what a chapter reads from it (length, shapes, nbytes), cheap copies,
+grouped-query heads, latents, and a rolling window that still attends correctly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mhbook
+
+SRC_VOCAB, TGT_VOCAB, D_MODEL, NUM_HEADS, NUM_LAYERS = 11, 13, 16, 4, 2
+D_HEAD = D_MODEL // NUM_HEADS
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    config = mhbook.ModelConfig(D_MODEL, NUM_HEADS, NUM_LAYERS, 32)
+    return mhbook.Transformer(config, SRC_VOCAB, TGT_VOCAB).double().eval()
+
+
+@pytest.fixture
+def source(model):
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(3, SRC_VOCAB, (3, 6), generator=g)
+    valid_lens = torch.tensor([6, 4, 2])
+    memory = model.encoder(src, valid_lens)
+    return memory, mhbook.padding_mask(valid_lens, 6)
+
+
+def _randn(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_a_chapter_reads_length_shapes_and_nbytes(model, source):
+    memory, memory_mask = source
+    cache = model.decoder.new_cache()
+    assert isinstance(cache, mhbook.KVCache) and len(cache.layers) == NUM_LAYERS
+    assert cache.length == 0 and cache.nbytes == 0
+    tokens = torch.ones(3, 1, dtype=torch.long)
+    for step in range(1, 5):
+        logits = model.decoder(tokens, memory, memory_mask, cache)
+        tokens = logits[:, -1:].argmax(-1)
+        assert cache.length == step
+        for layer in cache.layers:
+            assert layer.length == step
+            assert layer.keys.shape == layer.values.shape == (3, NUM_HEADS, step, D_HEAD)
+            assert layer.memory_keys.shape == layer.memory_values.shape == (3, NUM_HEADS, 6, D_HEAD)
+    # keys and values of 4 tokens and of the 6 memory positions, float64, every layer
+    assert cache.nbytes == 2 * NUM_LAYERS * 3 * (4 + 6) * D_MODEL * 8
+    assert "length=4" in repr(cache) and "keys=(3, 4, 4, 4)" in repr(cache.layers[0])
+
+
+def test_copy_shares_tensors_and_leaves_the_original_unchanged(model, source):
+    """Chapter 8 times one step again and again from the same cache."""
+    memory, memory_mask = source
+    cache = model.decoder.new_cache()
+    prefix = torch.randint(3, TGT_VOCAB, (3, 5), generator=torch.Generator().manual_seed(2))
+    model.decoder(prefix[:, :-1], memory, memory_mask, cache)
+    keys_before = [layer.keys for layer in cache.layers]
+    fresh = cache.copy()
+    assert all(a.keys is b.keys for a, b in zip(fresh.layers, cache.layers))  # no tensor copied
+    first = model.decoder(prefix[:, -1:], memory, memory_mask, fresh)
+    assert fresh.length == 5 and cache.length == 4
+    assert all(layer.keys is k for layer, k in zip(cache.layers, keys_before))
+    again = model.decoder(prefix[:, -1:], memory, memory_mask, cache.copy())
+    assert torch.equal(first, again)
+    torch.testing.assert_close(first[:, -1], model.decoder(prefix, memory, memory_mask)[:, -1])
+
+
+def test_grouped_query_keys_and_values():
+    """A layer cache holds whatever number of key/value heads it is given."""
+    h, h_kv, steps = 8, 2, [3, 1, 2]
+    q = _randn(2, h, sum(steps), D_HEAD, seed=3)
+    k, v = _randn(2, h_kv, sum(steps), D_HEAD, seed=4), _randn(2, h_kv, sum(steps), D_HEAD, seed=5)
+    full, _ = mhbook.attend(q, k, v, mhbook.causal_mask(sum(steps)))
+    cache, outputs, start = mhbook.LayerCache(), [], 0
+    for n in steps:
+        new = slice(start, start + n)
+        keys, values = cache.update(k[:, :, new], v[:, :, new])
+        outputs.append(
+            mhbook.attend(q[:, :, new], keys, values, mhbook.causal_mask(n, start + n))[0]
+        )
+        start += n
+    assert cache.keys.shape == (2, h_kv, 6, D_HEAD) and cache.length == 6
+    assert cache.nbytes == 2 * 2 * h_kv * 6 * D_HEAD * 8
+    torch.testing.assert_close(torch.cat(outputs, dim=2), full)
+
+
+@pytest.mark.parametrize("steps", [[1] * 7, [3, 2, 2], [2, 5]])
+def test_rolling_window_keeps_the_last_tokens_and_attends_like_a_sliding_window(steps):
+    """With window=3 the cache holds the last 3 tokens' keys and values; length counts
+    all. Fed in chunks, with causal_mask(..., window=3), it gives sliding-window
+    attention over the whole sequence."""
+    window, total = 3, sum(steps)
+    q, k, v = (_randn(2, 4, total, D_HEAD, seed=s) for s in (6, 7, 8))
+    full, _ = mhbook.attend(q, k, v, mhbook.causal_mask(total, window=window))
+    cache, outputs, start = mhbook.LayerCache(window=window), [], 0
+    for n in steps:
+        new = slice(start, start + n)
+        kept = cache.num_kept
+        keys, values = cache.update(k[:, :, new], v[:, :, new])
+        assert keys.size(2) == kept + n
+        mask = mhbook.causal_mask(n, kept + n, window=window)
+        outputs.append(mhbook.attend(q[:, :, new], keys, values, mask)[0])
+        start += n
+        assert cache.length == start and cache.num_kept == min(start, window)
+        assert torch.equal(cache.keys, k[:, :, max(0, start - window) : start])
+        assert torch.equal(cache.values, v[:, :, max(0, start - window) : start])
+    torch.testing.assert_close(torch.cat(outputs, dim=2), full)
+    assert cache.nbytes == 2 * 2 * 4 * window * D_HEAD * 8
+
+
+def test_causal_mask_window_is_a_band():
+    for num_queries, num_keys, window in [(5, 5, 2), (3, 7, 3), (1, 4, 2), (4, 4, 9)]:
+        mask = mhbook.causal_mask(num_queries, num_keys, window=window)
+        for i in range(num_queries):
+            for j in range(num_keys):
+                distance = i + num_keys - num_queries - j  # how far key j lies behind query i
+                assert mask[i, j] == (0 <= distance < window), (num_queries, num_keys, i, j)
+
+
+def test_latent_instead_of_keys_and_values():
+    """Multi-head latent attention caches one (batch, S, d_latent) tensor per layer."""
+    cache = mhbook.KVCache(2, window=4)
+    layer = cache.layers[0]
+    c = _randn(3, 6, 5, seed=9)
+    assert torch.equal(layer.update_latent(c[:, :2]), c[:, :2])
+    assert torch.equal(layer.update_latent(c[:, 2:]), c)  # all kept ones, then the new
+    assert layer.keys is None and torch.equal(layer.latent, c[:, 2:])
+    assert layer.length == 6 and layer.num_kept == 4
+    assert cache.nbytes == 3 * 4 * 5 * 8
+
+
+def test_decoder_refuses_a_windowed_cache(model, source):
+    memory, memory_mask = source
+    with pytest.raises(ValueError, match="window=4"):
+        model.decoder(torch.ones(3, 1, dtype=torch.long), memory, memory_mask, mhbook.KVCache(2, 4))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_bad_sizes(bad):
+    with pytest.raises(ValueError, match="num_layers must be an int >= 1"):
+        mhbook.KVCache(bad)
+    with pytest.raises(ValueError, match="window must be None or an int >= 1"):
+        mhbook.LayerCache(window=bad)
