@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .cache import LayerCache
+from .config import ModelConfig
 from .layers import AddNorm, PositionWiseFFN
 from .multihead import MultiHeadAttention
 
@@ -24,14 +25,16 @@ class _Block(nn.Module):
         """Copy a PyTorch layer (:attr:`torch_layer`, ``batch_first=True``, ReLU):
         same weights, same outputs."""
         _check_torch_layer(layer, cls.torch_layer)
-        block = cls(
-            layer.self_attn.embed_dim,
-            layer.self_attn.num_heads,
-            layer.linear1.out_features,
+        config = ModelConfig(
+            d_model=layer.self_attn.embed_dim,
+            num_heads=layer.self_attn.num_heads,
+            num_layers=1,
+            d_ff=layer.linear1.out_features,
             dropout=layer.dropout.p,
             norm_first=layer.norm_first,
-            eps=layer.norm1.eps,
-        ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)
+            norm_eps=layer.norm1.eps,
+        )
+        block = cls(config).to(layer.linear1.weight.device, layer.linear1.weight.dtype)
         for ours, theirs in cls.attentions.items():
             setattr(block, ours, MultiHeadAttention.from_torch(getattr(layer, theirs)))
         with torch.no_grad():
@@ -47,11 +50,13 @@ class EncoderBlock(_Block):
     """Self-attention then a feed-forward network, each wrapped in :class:`AddNorm`.
 
     Args:
-        d_model, num_heads: as in :class:`MultiHeadAttention`.
-        d_ff: hidden size of the feed-forward network.
-        dropout: dropout on attention weights, inside the FFN and on each residual branch.
-        norm_first: ``False`` for post-norm (the paper), ``True`` for pre-norm.
-        eps: the layer norms' epsilon.
+        config: a :class:`mhbook.ModelConfig`; the block uses its ``d_model``,
+            ``num_heads``, ``d_ff`` (the feed-forward network's hidden size), ``dropout``
+            (on attention weights, inside the FFN and on each residual branch),
+            ``norm_first`` (``False`` for post-norm, the paper; ``True`` for pre-norm)
+            and ``norm_eps``. ``num_layers`` does not concern a block.
+
+    Example: ``EncoderBlock(ModelConfig(d_model=512, num_heads=8, d_ff=2048))``.
 
     :meth:`from_torch` copies an ``nn.TransformerEncoderLayer(..., batch_first=True)``.
     """
@@ -59,20 +64,13 @@ class EncoderBlock(_Block):
     torch_layer = nn.TransformerEncoderLayer
     attentions = {"self_attn": "self_attn"}
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        d_ff: int,
-        dropout: float = 0.0,
-        norm_first: bool = False,
-        eps: float = 1e-5,
-    ):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
-        self.ffn = PositionWiseFFN(d_model, d_ff, dropout)
-        self.addnorm1 = AddNorm(d_model, dropout, norm_first, eps)
-        self.addnorm2 = AddNorm(d_model, dropout, norm_first, eps)
+        d, p = config.d_model, config.dropout
+        self.self_attn = MultiHeadAttention(d, config.num_heads, p)
+        self.ffn = PositionWiseFFN(d, config.d_ff, p)
+        self.addnorm1 = AddNorm(d, p, config.norm_first, config.norm_eps)
+        self.addnorm2 = AddNorm(d, p, config.norm_first, config.norm_eps)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` ``(batch, L, d_model)``; ``mask`` bool, broadcastable to ``(batch, h, L, L)``."""
@@ -91,22 +89,15 @@ class DecoderBlock(_Block):
     torch_layer = nn.TransformerDecoderLayer
     attentions = {"self_attn": "self_attn", "cross_attn": "multihead_attn"}
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        d_ff: int,
-        dropout: float = 0.0,
-        norm_first: bool = False,
-        eps: float = 1e-5,
-    ):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
-        self.ffn = PositionWiseFFN(d_model, d_ff, dropout)
-        self.addnorm1 = AddNorm(d_model, dropout, norm_first, eps)
-        self.addnorm2 = AddNorm(d_model, dropout, norm_first, eps)
-        self.addnorm3 = AddNorm(d_model, dropout, norm_first, eps)
+        d, p = config.d_model, config.dropout
+        self.self_attn = MultiHeadAttention(d, config.num_heads, p)
+        self.cross_attn = MultiHeadAttention(d, config.num_heads, p)
+        self.ffn = PositionWiseFFN(d, config.d_ff, p)
+        self.addnorm1 = AddNorm(d, p, config.norm_first, config.norm_eps)
+        self.addnorm2 = AddNorm(d, p, config.norm_first, config.norm_eps)
+        self.addnorm3 = AddNorm(d, p, config.norm_first, config.norm_eps)
 
     def forward(
         self,

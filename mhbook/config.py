@@ -67,6 +67,7 @@ class ModelConfig:
         d_ff: hidden size of the position-wise feed-forward network.
         dropout: dropout probability, in ``[0, 1)``.
         norm_first: pre-norm (``True``) or the paper's post-norm (``False``).
+        norm_eps: the layer norms' epsilon.
         num_kv_heads: heads of keys and values (grouped-query attention); ``None`` means
             ``num_heads`` (multi-head attention), 1 is multi-query attention.
             Must divide ``num_heads``.
@@ -82,6 +83,7 @@ class ModelConfig:
     d_ff: int = 128
     dropout: float = 0.0
     norm_first: bool = False
+    norm_eps: float = 1e-5
     num_kv_heads: int | None = None
     position: str = "sinusoidal"
     window: int | None = None
@@ -95,6 +97,7 @@ class ModelConfig:
         _check_int(me, "d_ff", self.d_ff, 1)
         _check_float(me, "dropout", self.dropout, 0.0, 1.0)
         _check_bool(me, "norm_first", self.norm_first)
+        _check_float(me, "norm_eps", self.norm_eps, 0.0, None)
         _check_int(me, "num_kv_heads", self.num_kv_heads, 1, optional=True)
         _check_int(me, "window", self.window, 1, optional=True)
         _check_int(me, "d_latent", self.d_latent, 1, optional=True)

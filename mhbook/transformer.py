@@ -36,11 +36,10 @@ class _Stack(nn.Module):
         self.d_model = config.d_model
         self.embedding = nn.Embedding(vocab_size, config.d_model)
         self.pos_encoding = PositionalEncoding(config.d_model, config.dropout)
-        self.blocks = nn.ModuleList(
-            block(config.d_model, config.num_heads, config.d_ff, config.dropout, config.norm_first)
-            for _ in range(config.num_layers)
+        self.blocks = nn.ModuleList(block(config) for _ in range(config.num_layers))
+        self.norm = (
+            nn.LayerNorm(config.d_model, config.norm_eps) if config.norm_first else nn.Identity()
         )
-        self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
 
     def embed(self, tokens: torch.Tensor, name: str, offset: int = 0) -> torch.Tensor:
         """``(batch, L)`` token ids -> ``(batch, L, d_model)`` embeddings plus positions."""

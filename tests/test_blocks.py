@@ -105,7 +105,8 @@ def test_decoder_block_matches_torch(
 def test_decoder_block_cache_step_by_step_equals_full(norm_first, dtype, assert_close):
     """Feeding one token at a time with a KV cache gives the rows of the full causal pass."""
     torch.manual_seed(3)
-    block = mhbook.DecoderBlock(D_MODEL, NUM_HEADS, D_FF, norm_first=norm_first).to(dtype).eval()
+    config = mhbook.ModelConfig(D_MODEL, NUM_HEADS, 1, D_FF, norm_first=norm_first)
+    block = mhbook.DecoderBlock(config).to(dtype).eval()
     tgt = _randn(2, 6, D_MODEL, dtype=dtype, seed=5).detach()
     memory = _randn(2, 4, D_MODEL, dtype=dtype, seed=6).detach()
     memory_mask = mhbook.padding_mask(torch.tensor([4, 2]), 4)
