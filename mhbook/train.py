@@ -481,7 +481,9 @@ def book_model(
     Args:
         data: the task; default: ``make_data(config)``.
         device: default: :func:`mhbook.get_device`.
-        progress: show the training progress bar.
+        progress: show the training progress bar, and say why a checkpoint that is
+            there is not used. ``False`` prints nothing (chapters that only need the
+            model, whose printed output nbval compares).
 
     Returns:
         ``(model, data, history)``: the model in eval mode on ``device``, the data,
@@ -497,11 +499,11 @@ def book_model(
         "trainer_version": _TRAINER_VERSION,
     }
     if checkpoint is not None and Path(checkpoint).exists():
-        stored = _read_checkpoint(checkpoint)
+        stored = _read_checkpoint(checkpoint, say=progress)
         same = stored.get("config") == config.to_dict()
         if same and all(stored.get(k) == v for k, v in expected.items()):
             return _model_from(stored, device, checkpoint), data, stored.get("history")
-        if stored:
+        if stored and progress:
             print(
                 f"{checkpoint} was written for another configuration or by an older fit: "
                 "training again."
@@ -516,11 +518,13 @@ def book_model(
     return model, data, history
 
 
-def _read_checkpoint(path) -> dict:
-    """The checkpoint's contents on the CPU, or ``{}`` (and a message) if it cannot be read."""
+def _read_checkpoint(path, say: bool = True) -> dict:
+    """The checkpoint's contents on the CPU, or ``{}`` (and a message if ``say``) if it
+    cannot be read."""
     try:
         stored = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # e.g. a file cut short
-        print(f"could not read {path} ({type(error).__name__}): training again.")
+        if say:
+            print(f"could not read {path} ({type(error).__name__}): training again.")
         return {}
     return stored if isinstance(stored, dict) else {}

@@ -370,12 +370,14 @@ def test_book_model_is_deterministic_and_checkpointed(tmp_path, capsys):
     # A checkpoint of an older fit, or of another configuration, is trained again.
     stored = torch.load(path, weights_only=True)
     torch.save({**stored, "trainer_version": 1}, tmp_path / "old.pt")
+    # It says why when it shows progress, and prints nothing when it does not.
     capsys.readouterr()
-    book_model(device="cpu", checkpoint=tmp_path / "old.pt", progress=False, config=TINY_CONFIG)
+    book_model(device="cpu", checkpoint=tmp_path / "old.pt", progress=True, config=TINY_CONFIG)
     assert "older fit" in capsys.readouterr().out
     other = TINY_CONFIG.replace(train={"num_steps": 6})
-    capsys.readouterr()
-    _, _, history5 = book_model(device="cpu", checkpoint=path, progress=False, config=other)
+    book_model(device="cpu", checkpoint=tmp_path / "old.pt", progress=False, config=other)
+    assert capsys.readouterr().out == ""
+    _, _, history5 = book_model(device="cpu", checkpoint=path, progress=True, config=other)
     assert "another configuration" in capsys.readouterr().out
     assert len(history5["step"]) == 6
 
@@ -392,7 +394,7 @@ def test_book_model_retrains_over_a_broken_checkpoint(tmp_path, capsys):
     path = tmp_path / "broken.pt"
     path.write_bytes(b"not a checkpoint")
     model, data, history = book_model(
-        device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG
+        device="cpu", checkpoint=path, progress=True, config=TINY_CONFIG
     )
     assert "could not read" in capsys.readouterr().out
     assert len(history["step"]) == TINY_CONFIG.train.num_steps
