@@ -149,9 +149,11 @@ register_plugin("pybtex.style.formatting", "mhbook_author_year", AuthorYearStyle
 
 
 def package_modules(package: str) -> list[str]:
-    """Names of the public modules of ``package``, sorted."""
+    """Names of the public modules of ``package`` and of its subpackages, sorted."""
     path = importlib.import_module(package).__path__
-    return sorted(f"{package}.{m.name}" for m in pkgutil.iter_modules(path) if m.name[0] != "_")
+    found = pkgutil.walk_packages(path, prefix=f"{package}.")
+    public = (m.name for m in found if not any(p.startswith("_") for p in m.name.split(".")))
+    return sorted(public)
 
 
 def _resolve_reexports(app: Sphinx, env, node, contnode):

@@ -58,7 +58,7 @@ class EncoderBlock(_Block):
 
     Example: ``EncoderBlock(ModelConfig(d_model=512, num_heads=8, d_ff=2048))``.
 
-    :meth:`from_torch` copies an ``nn.TransformerEncoderLayer(..., batch_first=True)``.
+    ``from_torch(layer)`` copies an ``nn.TransformerEncoderLayer(..., batch_first=True)``.
     """
 
     torch_layer = nn.TransformerEncoderLayer
@@ -82,7 +82,7 @@ class DecoderBlock(_Block):
     """Masked self-attention, cross-attention to the encoder's output, then a
     feed-forward network, each wrapped in :class:`AddNorm`.
 
-    Arguments as for :class:`EncoderBlock`. :meth:`from_torch` copies an
+    Arguments as for :class:`EncoderBlock`. ``from_torch(layer)`` copies an
     ``nn.TransformerDecoderLayer(..., batch_first=True)``.
     """
 

@@ -94,14 +94,19 @@ def glue(name: str, value) -> None:
     """Hand ``value`` to the chapter's text, where ``{glue:text}`name:.1f``` shows it.
 
     The book's prose quotes computed results through this (myst-nb's ``glue``), so the
-    text always shows what the reader's own run printed. Where myst-nb is not installed
-    (Colab, a plain Jupyter) it does nothing. Glue only in cells tagged
-    ``nbval-ignore-output``: the glued value is an output, and nbval compares outputs.
+    text always shows what the reader's own run printed. NumPy and one-element torch
+    values are glued as plain Python numbers, so that a format such as ``:.1f`` applies.
+    Where myst-nb is not installed (Colab, a plain Jupyter) it does nothing. Glue only in
+    cells tagged ``nbval-ignore-output``: the glued value is an output, and nbval compares
+    outputs.
     """
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
         return
+    if isinstance(value, (np.generic, torch.Tensor)):
+        # myst-nb formats the repr: np.float64(0.5) would not read as a number.
+        value = value.item()
     myst_glue(name, value, display=False)
 
 

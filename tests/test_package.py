@@ -63,3 +63,18 @@ def test_every_package_and_static_file_ships():
         package = ".".join(folder.relative_to(ROOT).parts)
         relative = path.relative_to(folder).as_posix()
         assert any(fnmatch(relative, p) for p in data.get(package, [])), f"{package}: {relative}"
+
+
+def test_glue_hands_plain_numbers_to_myst_nb(monkeypatch):
+    """``{glue:text}`x:.1f``` formats the repr: ``np.float64(0.5)`` would not parse."""
+    import myst_nb
+    import numpy as np
+    import torch
+
+    glued = {}
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display: glued.update({name: value}))
+    mhbook.glue("a", np.float64(0.5))
+    mhbook.glue("b", torch.tensor(3))
+    mhbook.glue("c", "decoder layer 2")
+    assert glued == {"a": 0.5, "b": 3, "c": "decoder layer 2"}
+    assert type(glued["a"]) is float and type(glued["b"]) is int
