@@ -19,6 +19,7 @@ round, so that noise from other processes hits both; a table shows the median ro
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Callable
@@ -95,6 +96,11 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
         fn()
         _synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
+    # PyTorch's profiler (its C++ side, Kineto) writes "USDT ... profiler_start/stop" lines
+    # to stderr at every start and stop unless its log level is 6 (errors only). It reads
+    # the level once, at its first use in the process: set it before that, unless the
+    # caller chose a level.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     # The raw events keep each allocation (+bytes) and free (-bytes) separately;
