@@ -79,6 +79,7 @@ def test_heatmap_rejects_bad_input():
         plot.plot_heatmap(torch.rand(4, 4, device="meta"))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_plots_take_cuda_tensors_that_require_grad():
     weights = random_weights(2, 4, 4).cuda().requires_grad_()

@@ -303,6 +303,7 @@ def test_fit_trains_another_model_with_its_own_loss():
         fit(model, data, config)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fit_and_evaluate_on_cuda(tiny_data):
     model = tiny_model(tiny_data).cuda()

@@ -1,0 +1,81 @@
+"""The GPU path: run with ``pytest -m cuda`` on a machine with a CUDA device.
+
+Every test here is marked ``cuda`` and skipped without a CUDA device (the CI machines have
+none). They check what only a GPU can: PyTorch's CUDA attention kernels against mhbook's
+explicit path, the guard that keeps a fully masked query row at zero on every fused
+backend, float16 and bfloat16, and the KV cache on the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import mhbook
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+CUDA = torch.device("cuda")
+
+
+def _randn(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator(device=CUDA).manual_seed(seed)
+    return torch.randn(*shape, generator=g, device=CUDA, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fused_equals_explicit_with_a_fully_masked_row(dtype):
+    """Whatever backend PyTorch picks on the GPU, a query with no key gives 0, never NaN,
+    and the other rows agree with the explicit path."""
+    q, k, v = (_randn(2, 4, 6, 32, dtype=dtype, seed=s).requires_grad_() for s in (1, 2, 3))
+    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool, device=CUDA).tril()
+    mask[:, :, 2] = False  # query 2 may attend to nothing
+    fused, _ = mhbook.attend(q, k, v, mask)
+    explicit, _ = mhbook.attend(q, k, v, mask, need_weights=True)
+    assert torch.isfinite(fused).all() and (fused[:, :, 2] == 0).all()
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fused, explicit, atol=tolerance, rtol=tolerance)
+    fused.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_multihead_attention_equals_pytorch_on_cuda(need_weights):
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(64, 8, batch_first=True, device=CUDA)
+    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    x, memory = _randn(3, 5, 64, seed=1), _randn(3, 7, 64, seed=2)
+    valid_lens = torch.tensor([7, 4, 2], device=CUDA)
+    mask = mhbook.padding_mask(valid_lens, 7)
+    out = ours(x, memory, memory, mask, need_weights=need_weights)
+    out = out[0] if need_weights else out
+    expected, _ = theirs(x, memory, memory, key_padding_mask=~mask[:, 0, 0], need_weights=False)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_float16_model_records_attention_without_nan():
+    torch.manual_seed(0)
+    config = mhbook.ModelConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64)
+    model = mhbook.Transformer(config, 20, 20).to(CUDA, torch.float16).eval()
+    src = torch.randint(4, 20, (3, 6), device=CUDA)
+    tgt = torch.randint(4, 20, (3, 5), device=CUDA)
+    with torch.no_grad(), mhbook.record_attention(model) as recorded:
+        logits = model(src, tgt, torch.tensor([6, 4, 2], device=CUDA))
+    assert torch.isfinite(logits).all()
+    assert all(torch.isfinite(w).all() for w in recorded().values())
+
+
+def test_greedy_decode_with_and_without_cache_on_cuda():
+    torch.manual_seed(0)
+    config = mhbook.ModelConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64)
+    model = mhbook.Transformer(config, 20, 20).to(CUDA).eval()
+    src = torch.randint(4, 20, (4, 7), device=CUDA)
+    valid_lens = torch.tensor([7, 5, 3, 1], device=CUDA)
+    cached = model.greedy_decode(src, valid_lens, 1, 2, max_len=12, use_cache=True)
+    uncached = model.greedy_decode(src, valid_lens, 1, 2, max_len=12, use_cache=False)
+    assert cached.device.type == "cuda"
+    assert torch.equal(cached, uncached)
