@@ -51,7 +51,8 @@ class EncoderBlock(_Block):
 
     Args:
         config: a :class:`mhbook.ModelConfig`; the block uses its ``d_model``,
-            ``num_heads``, ``d_ff`` (the feed-forward network's hidden size), ``dropout``
+            ``num_heads``, ``head_dim`` (the size of one head; ``None``: ``d_model //
+            num_heads``), ``d_ff`` (the feed-forward network's hidden size), ``dropout``
             (on attention weights, inside the FFN and on each residual branch),
             ``norm_first`` (``False`` for post-norm, the paper; ``True`` for pre-norm)
             and ``norm_eps``. ``num_layers`` does not concern a block.
@@ -67,7 +68,7 @@ class EncoderBlock(_Block):
     def __init__(self, config: ModelConfig):
         super().__init__()
         d, p = config.d_model, config.dropout
-        self.self_attn = MultiHeadAttention(d, config.num_heads, p)
+        self.self_attn = MultiHeadAttention(d, config.num_heads, p, d_head=config.head_dim)
         self.ffn = PositionWiseFFN(d, config.d_ff, p)
         self.addnorm1 = AddNorm(d, p, config.norm_first, config.norm_eps)
         self.addnorm2 = AddNorm(d, p, config.norm_first, config.norm_eps)
@@ -92,8 +93,8 @@ class DecoderBlock(_Block):
     def __init__(self, config: ModelConfig):
         super().__init__()
         d, p = config.d_model, config.dropout
-        self.self_attn = MultiHeadAttention(d, config.num_heads, p)
-        self.cross_attn = MultiHeadAttention(d, config.num_heads, p)
+        self.self_attn = MultiHeadAttention(d, config.num_heads, p, d_head=config.head_dim)
+        self.cross_attn = MultiHeadAttention(d, config.num_heads, p, d_head=config.head_dim)
         self.ffn = PositionWiseFFN(d, config.d_ff, p)
         self.addnorm1 = AddNorm(d, p, config.norm_first, config.norm_eps)
         self.addnorm2 = AddNorm(d, p, config.norm_first, config.norm_eps)

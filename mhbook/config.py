@@ -62,7 +62,8 @@ class ModelConfig:
 
     Attributes:
         d_model: the width of every token vector.
-        num_heads: ``h``, attention heads per layer; must divide ``d_model``.
+        num_heads: ``h``, attention heads per layer; must divide ``d_model`` unless
+            ``head_dim`` is given.
         num_layers: blocks in the encoder and in the decoder (or in a decoder-only stack).
         d_ff: hidden size of the position-wise feed-forward network.
         dropout: dropout probability, in ``[0, 1)``.
@@ -75,6 +76,8 @@ class ModelConfig:
         window: a sliding attention window of this many keys; ``None`` = full attention.
         d_latent: size of the key/value latent of multi-head latent attention;
             ``None`` = no latent. At most ``d_model``.
+        head_dim: the size of one head, independent of ``num_heads`` (Bhojanapalli et
+            al., 2020); ``None`` means ``d_model // num_heads``. Read :attr:`d_head`.
     """
 
     d_model: int = 64
@@ -88,6 +91,7 @@ class ModelConfig:
     position: str = "sinusoidal"
     window: int | None = None
     d_latent: int | None = None
+    head_dim: int | None = None
 
     def __post_init__(self) -> None:
         me = "ModelConfig"
@@ -101,10 +105,11 @@ class ModelConfig:
         _check_int(me, "num_kv_heads", self.num_kv_heads, 1, optional=True)
         _check_int(me, "window", self.window, 1, optional=True)
         _check_int(me, "d_latent", self.d_latent, 1, optional=True)
-        if self.d_model % self.num_heads != 0:
+        _check_int(me, "head_dim", self.head_dim, 1, optional=True)
+        if self.head_dim is None and self.d_model % self.num_heads != 0:
             raise ValueError(
-                f"ModelConfig.d_model must be divisible by num_heads: got d_model="
-                f"{self.d_model}, num_heads={self.num_heads}"
+                f"ModelConfig.d_model must be divisible by num_heads (or set head_dim): got "
+                f"d_model={self.d_model}, num_heads={self.num_heads}"
             )
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
@@ -122,8 +127,8 @@ class ModelConfig:
 
     @property
     def d_head(self) -> int:
-        """The size of one head, ``d_model // num_heads``."""
-        return self.d_model // self.num_heads
+        """The size of one head: ``head_dim``, or ``d_model // num_heads`` when it is ``None``."""
+        return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
 
     @property
     def kv_heads(self) -> int:

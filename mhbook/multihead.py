@@ -1,12 +1,16 @@
 """Multi-head attention.
 
-Each of the ``h`` heads attends in its own ``d_model / h``-dimensional subspace:
+Each of the ``h`` heads attends in its own ``d_head``-dimensional subspace:
 
     head_i = Attention(X_q W_q^i, X_k W_k^i, X_v W_v^i)
     MultiHead(X_q, X_k, X_v) = concat(head_1, ..., head_h) W_o
 
-All heads are computed at once: one ``d_model x d_model`` matrix ``W_q`` holds
+All heads are computed at once: one ``d_model x (h * d_head)`` matrix ``W_q`` holds
 every ``W_q^i`` side by side, and the result is split into heads with a reshape.
+By default ``d_head = d_model / h``; a fixed ``d_head`` independent of ``h`` avoids the
+low-rank bottleneck of small heads (Bhojanapalli et al., 2020). Keys and values may
+come from inputs of other widths ``kdim`` and ``vdim`` (cross-attention to a memory
+of another width), as in ``nn.MultiheadAttention(..., kdim=, vdim=)``.
 """
 
 from __future__ import annotations
@@ -22,16 +26,22 @@ __all__ = ["MultiHeadAttention"]
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with ``num_heads`` heads of size ``d_model // num_heads``.
+    """Multi-head attention with ``num_heads`` heads of size ``d_head``.
 
     Args:
-        d_model: feature size of queries, keys, values and the output.
-        num_heads: ``h``; must divide ``d_model``.
+        d_model: feature size of the queries and of the output.
+        num_heads: ``h``; must divide ``d_model`` unless ``d_head`` is given.
         dropout: dropout on the attention weights (training only).
         bias: whether the four projections have a bias.
+        d_head: size of one head; ``None`` means ``d_model // num_heads``.
+        kdim: feature size of the keys; ``None`` means ``d_model``.
+        vdim: feature size of the values; ``None`` means ``d_model``.
 
     Attributes:
-        W_q, W_k, W_v, W_o: the projections, ``nn.Linear(d_model, d_model)``.
+        W_q: ``nn.Linear(d_model, num_heads * d_head)``.
+        W_k: ``nn.Linear(kdim, num_heads * d_head)``.
+        W_v: ``nn.Linear(vdim, num_heads * d_head)``.
+        W_o: ``nn.Linear(num_heads * d_head, d_model)``.
         keep_weights: when ``True``, every forward pass stores its per-head
             weights ``(batch, num_heads, Lq, Lk)`` in ``weights`` (for plots;
             the output is unchanged). See :func:`mhbook.record_attention`.
@@ -42,14 +52,29 @@ class MultiHeadAttention(nn.Module):
             it when it is set, and ``load_state_dict`` restores it (or its absence).
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        *,
+        d_head: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+    ):
         super().__init__()
-        for name, value in (("d_model", d_model), ("num_heads", num_heads)):
+        optional = {"d_head": d_head, "kdim": kdim, "vdim": vdim}  # None: the default
+        for name, value in {"d_model": d_model, "num_heads": num_heads, **optional}.items():
+            if value is None and name in optional:
+                continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                allowed = " or None" if name in optional else ""
                 raise ValueError(
-                    f"{name} must be a positive int, got {value!r} ({type(value).__name__})"
+                    f"{name} must be a positive int{allowed}, got {value!r} "
+                    f"({type(value).__name__})"
                 )
-        if d_model % num_heads != 0:
+        if d_head is None and d_model % num_heads != 0:
             raise ValueError(
                 f"d_model must be divisible by num_heads: got d_model={d_model}, "
                 f"num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
@@ -58,26 +83,30 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.d_model = d_model
         self.num_heads = num_heads
-        self.d_head = d_model // num_heads
+        self.d_head = d_model // num_heads if d_head is None else d_head
+        self.kdim = d_model if kdim is None else kdim
+        self.vdim = d_model if vdim is None else vdim
         self.dropout = dropout
-        self.W_q = nn.Linear(d_model, d_model, bias=bias)
-        self.W_k = nn.Linear(d_model, d_model, bias=bias)
-        self.W_v = nn.Linear(d_model, d_model, bias=bias)
-        self.W_o = nn.Linear(d_model, d_model, bias=bias)
+        inner = num_heads * self.d_head  # all heads side by side; d_model by default
+        # Created in this order (q, k, v, o): seeded initialisation depends on it.
+        self.W_q = nn.Linear(d_model, inner, bias=bias)
+        self.W_k = nn.Linear(self.kdim, inner, bias=bias)
+        self.W_v = nn.Linear(self.vdim, inner, bias=bias)
+        self.W_o = nn.Linear(inner, d_model, bias=bias)
         self.keep_weights = False
         self.weights: torch.Tensor | None = None
         self.register_buffer("head_mask", None)
 
     # -- splitting and merging heads -------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, L, d_model)`` -> ``(batch, num_heads, L, d_head)``."""
+        """``(batch, L, num_heads * d_head)`` -> ``(batch, num_heads, L, d_head)``."""
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.d_head).transpose(1, 2)
 
     def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, num_heads, L, d_head)`` -> ``(batch, L, d_model)``."""
+        """``(batch, num_heads, L, d_head)`` -> ``(batch, L, num_heads * d_head)``."""
         batch, _, length, _ = x.shape
-        return x.transpose(1, 2).reshape(batch, length, self.d_model)
+        return x.transpose(1, 2).reshape(batch, length, self.num_heads * self.d_head)
 
     # -- forward() and its two halves, used separately by the KV cache ----------------
     def forward(
@@ -92,8 +121,8 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             query: ``(batch, Lq, d_model)``.
-            key: ``(batch, Lk, d_model)``.
-            value: ``(batch, Lk, d_model)``.
+            key: ``(batch, Lk, kdim)``.
+            value: ``(batch, Lk, vdim)``.
             mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
             need_weights: also return the per-head weights (explicit path).
 
@@ -111,8 +140,8 @@ class MultiHeadAttention(nn.Module):
         """Project keys and values and split them into heads.
 
         Args:
-            key: ``(batch, Lk, d_model)``.
-            value: ``(batch, Lk, d_model)``.
+            key: ``(batch, Lk, kdim)``.
+            value: ``(batch, Lk, vdim)``.
 
         Returns:
             ``(k, v)``, each ``(batch, num_heads, Lk, d_head)``. A KV cache stores these.
@@ -178,15 +207,23 @@ class MultiHeadAttention(nn.Module):
         return mask
 
     def _check_inputs(self, **inputs: torch.Tensor) -> None:
-        """Check query/key/value: tensors ``(batch, length, d_model)`` on the module's
-        device and of its dtype, all with one batch size; key and value of one length."""
+        """Check query/key/value: tensors ``(batch, length, d_model)``, ``(batch, Lk, kdim)``
+        and ``(batch, Lk, vdim)`` on the module's device and of its dtype, all with one
+        batch size; key and value of one length."""
         weight = self.W_q.weight
+        # The widths the projections take (a subclass may build them without __init__).
+        expected = {
+            "query": ("length", "d_model", self.W_q.in_features),
+            "key": ("Lk", "kdim", self.W_k.in_features),
+            "value": ("Lk", "vdim", self.W_v.in_features),
+        }
         for name, x in inputs.items():
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-            if x.dim() != 3 or x.size(-1) != self.d_model:
+            length, size_name, size = expected[name]
+            if x.dim() != 3 or x.size(-1) != size:
                 raise ValueError(
-                    f"{name} must have shape (batch, length, d_model={self.d_model}), "
+                    f"{name} must have shape (batch, {length}, {size_name}={size}), "
                     f"got {tuple(x.shape)}"
                 )
             if x.device != weight.device:
@@ -228,40 +265,69 @@ class MultiHeadAttention(nn.Module):
     # -- conversion to and from PyTorch ---------------------------------------------
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
-        """Copy an ``nn.MultiheadAttention(..., batch_first=True)``: same weights, same outputs."""
+        """Copy an ``nn.MultiheadAttention(..., batch_first=True)``: same weights, same outputs.
+
+        ``kdim``/``vdim`` are copied too: PyTorch then keeps ``q_proj_weight``,
+        ``k_proj_weight`` and ``v_proj_weight`` apart (and one packed ``in_proj_bias``).
+        """
         if not isinstance(m, nn.MultiheadAttention):
             raise TypeError(f"expected nn.MultiheadAttention, got {type(m).__name__}")
         if not m.batch_first:
             raise ValueError(
                 "expected nn.MultiheadAttention(..., batch_first=True), got batch_first=False"
             )
-        if not m._qkv_same_embed_dim or m.bias_k is not None:
-            raise ValueError(
-                "only nn.MultiheadAttention without kdim/vdim and add_bias_kv is supported"
-            )
+        if m.bias_k is not None:
+            raise ValueError("nn.MultiheadAttention with add_bias_kv=True is not supported")
         bias = m.in_proj_bias is not None
-        p = m.in_proj_weight
-        ours = cls(m.embed_dim, m.num_heads, dropout=m.dropout, bias=bias).to(p.device, p.dtype)
+        e = m.embed_dim
+        if m._qkv_same_embed_dim:
+            w = m.in_proj_weight
+            weights = (w[:e], w[e : 2 * e], w[2 * e :])
+        else:
+            weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
+        p = weights[0]
+        ours = cls(e, m.num_heads, dropout=m.dropout, bias=bias, kdim=m.kdim, vdim=m.vdim)
+        ours = ours.to(p.device, p.dtype)
         with torch.no_grad():
-            for i, lin in enumerate((ours.W_q, ours.W_k, ours.W_v)):
-                rows = slice(i * m.embed_dim, (i + 1) * m.embed_dim)
-                lin.weight.copy_(m.in_proj_weight[rows])
+            for i, (lin, weight) in enumerate(zip((ours.W_q, ours.W_k, ours.W_v), weights)):
+                lin.weight.copy_(weight)
                 if bias:
-                    lin.bias.copy_(m.in_proj_bias[rows])
+                    lin.bias.copy_(m.in_proj_bias[i * e : (i + 1) * e])
             ours.W_o.weight.copy_(m.out_proj.weight)
             if bias:
                 ours.W_o.bias.copy_(m.out_proj.bias)
         return ours
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """An ``nn.MultiheadAttention(..., batch_first=True)`` with the same weights."""
+        """An ``nn.MultiheadAttention(..., batch_first=True, kdim=, vdim=)`` with the same
+        weights. PyTorch's heads are ``embed_dim // num_heads`` wide, so ``num_heads *
+        d_head`` must equal ``d_model``."""
+        if self.num_heads * self.d_head != self.d_model:
+            raise ValueError(
+                "nn.MultiheadAttention needs num_heads * d_head == d_model (its heads are "
+                f"embed_dim // num_heads wide): got num_heads={self.num_heads} * "
+                f"d_head={self.d_head} = {self.num_heads * self.d_head}, d_model={self.d_model}"
+            )
         bias = self.W_q.bias is not None
         w = self.W_q.weight
         m = nn.MultiheadAttention(
-            self.d_model, self.num_heads, dropout=self.dropout, bias=bias, batch_first=True
+            self.d_model,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=bias,
+            batch_first=True,
+            kdim=self.W_k.in_features,
+            vdim=self.W_v.in_features,
         ).to(w.device, w.dtype)
         with torch.no_grad():
-            m.in_proj_weight.copy_(torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight]))
+            if m._qkv_same_embed_dim:
+                m.in_proj_weight.copy_(
+                    torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])
+                )
+            else:
+                m.q_proj_weight.copy_(self.W_q.weight)
+                m.k_proj_weight.copy_(self.W_k.weight)
+                m.v_proj_weight.copy_(self.W_v.weight)
             m.out_proj.weight.copy_(self.W_o.weight)
             if bias:
                 m.in_proj_bias.copy_(torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias]))

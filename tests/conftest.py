@@ -35,12 +35,15 @@ def assert_close(dtype):
     return check
 
 
-def torch_layout(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def torch_layout(named: dict[str, torch.Tensor], separate: bool = False) -> dict[str, torch.Tensor]:
     """Rename mhbook tensors (parameters or their gradients) to PyTorch's layer names.
 
     ``W_q, W_k, W_v`` are concatenated into ``in_proj_weight``/``in_proj_bias``,
     ``W_o`` becomes ``out_proj``, ``cross_attn`` becomes ``multihead_attn``,
     ``ffn.linear1`` becomes ``linear1`` and ``addnorm1.norm`` becomes ``norm1``.
+    With ``separate`` (PyTorch's layout when ``kdim``/``vdim`` differ from ``embed_dim``)
+    the weights become ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight``; the
+    biases are still packed into ``in_proj_bias``.
     """
     out = {}
     for name, tensor in named.items():
@@ -53,6 +56,8 @@ def torch_layout(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         prefix = prefix.replace("cross_attn.", "multihead_attn.")
         if which == "o":
             out[f"{prefix}out_proj.{kind}"] = tensor
+        elif separate and kind == "weight":
+            out[f"{prefix}{which}_proj_weight"] = tensor
         elif which == "q":
             parts = [named[f"{match.group(1)}W_{c}.{kind}"] for c in "qkv"]
             out[f"{prefix}in_proj_{kind}"] = torch.cat(parts)
@@ -70,8 +75,9 @@ def assert_same_grads(assert_close):
     """Check that an mhbook module and a PyTorch layer hold the same gradients."""
 
     def check(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
-        mine = torch_layout({n: p.grad for n, p in ours.named_parameters()})
         reference = {n: p.grad for n, p in theirs.named_parameters()}
+        separate = any(n.endswith("q_proj_weight") for n in reference)
+        mine = torch_layout({n: p.grad for n, p in ours.named_parameters()}, separate)
         assert mine.keys() == reference.keys()
         for name, grad in reference.items():
             assert grad is not None and mine[name] is not None, name

@@ -115,7 +115,7 @@ def test_memory_and_tgt_batch_sizes_differ(model):
 def test_wrong_feature_size(mha):
     with pytest.raises(ValueError, match=shapes("d_model=8", "(2, 3, 7)")):
         mha(x(2, 3, 7), x(2, 3, D_MODEL), x(2, 3, D_MODEL))
-    with pytest.raises(ValueError, match=shapes("d_model=8", "(2, 4, 6)")):
+    with pytest.raises(ValueError, match=shapes("kdim=8", "(2, 4, 6)")):
         mha(x(2, 3, D_MODEL), x(2, 4, 6), x(2, 4, D_MODEL))
 
 
@@ -317,3 +317,51 @@ def test_input_dtype_differs_from_a_module_on_meta():
         query = torch.randn(2, 3, D_MODEL, dtype=torch.float64)
     with pytest.raises(TypeError, match=shapes("query", "torch.float64", "torch.float32")):
         mha(query, query, query)
+
+
+# -- d_head, kdim and vdim -----------------------------------------------------------
+@pytest.mark.parametrize("name", ["d_head", "kdim", "vdim"])
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True])
+def test_d_head_kdim_vdim_must_be_positive_ints(name, bad):
+    with pytest.raises(ValueError, match=shapes(name, "positive int or None", repr(bad))):
+        mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, **{name: bad})
+
+
+def test_d_head_lifts_the_divisibility_rule():
+    assert mhbook.MultiHeadAttention(10, 3, d_head=4).W_q.out_features == 12
+
+
+def test_key_or_value_of_the_wrong_width():
+    mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, kdim=6, vdim=5)
+    with pytest.raises(ValueError, match=shapes("key", "(batch, Lk, kdim=6)", "(2, 4, 8)")):
+        mha(x(2, 3, D_MODEL), x(2, 4, D_MODEL), x(2, 4, 5))
+    with pytest.raises(ValueError, match=shapes("value", "(batch, Lk, vdim=5)", "(2, 4, 6)")):
+        mha(x(2, 3, D_MODEL), x(2, 4, 6), x(2, 4, 6))
+    with pytest.raises(ValueError, match=shapes("key", "kdim=6", "(2, 4, 8)")):
+        mha.project_kv(x(2, 4, D_MODEL), x(2, 4, 5))
+
+
+def test_to_torch_needs_heads_that_fill_d_model():
+    mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, d_head=6)
+    with pytest.raises(
+        ValueError, match=shapes("num_heads * d_head == d_model", "= 12", "d_model=8")
+    ):
+        mha.to_torch()
+
+
+def test_from_torch_refuses_add_bias_kv():
+    theirs = torch.nn.MultiheadAttention(D_MODEL, NUM_HEADS, add_bias_kv=True, batch_first=True)
+    with pytest.raises(ValueError, match="add_bias_kv=True"):
+        mhbook.MultiHeadAttention.from_torch(theirs)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_model_config_head_dim_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match=shapes("ModelConfig.head_dim", ">= 1 or None", repr(bad))):
+        mhbook.ModelConfig(d_model=D_MODEL, num_heads=NUM_HEADS, head_dim=bad)
+
+
+def test_model_config_divisibility_only_without_head_dim():
+    with pytest.raises(ValueError, match=shapes("divisible", "d_model=10", "num_heads=3")):
+        mhbook.ModelConfig(d_model=10, num_heads=3)
+    assert mhbook.ModelConfig(d_model=10, num_heads=3, head_dim=4).d_head == 4

@@ -292,3 +292,194 @@ def test_autocast_takes_inputs_of_another_dtype():
             out = mha(x, x, x, need_weights=need_weights)
             out = out[0] if need_weights else out
             assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+# -- a head size of its own (d_head) and keys/values of other widths (kdim, vdim) -------
+KDIM, VDIM = 6, 10
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("num_heads,d_head", [(4, 8), (3, 5), (8, 16)])
+def test_custom_d_head_shapes_and_parameter_count(num_heads, d_head, bias):
+    """Heads of a fixed size, independent of h (Bhojanapalli et al., 2020)."""
+    mha = mhbook.MultiHeadAttention(D_MODEL, num_heads, bias=bias, d_head=d_head)
+    inner = num_heads * d_head
+    assert mha.d_head == d_head and (mha.kdim, mha.vdim) == (D_MODEL, D_MODEL)
+    assert mha.W_q.weight.shape == mha.W_k.weight.shape == mha.W_v.weight.shape
+    assert mha.W_q.weight.shape == (inner, D_MODEL)
+    assert mha.W_o.weight.shape == (D_MODEL, inner)
+    biases = 3 * inner + D_MODEL if bias else 0
+    assert sum(p.numel() for p in mha.parameters()) == 4 * D_MODEL * inner + biases
+    query, key, value = _inputs("cross", torch.float32)
+    out, weights = mha(query, key, value, need_weights=True)
+    assert out.shape == query.shape and weights.shape == (3, num_heads, 4, 7)
+    k, v = mha.project_kv(key, value)
+    assert k.shape == v.shape == (3, num_heads, 7, d_head)
+    assert mha.split_heads(mha.W_q(query)).shape == (3, num_heads, 4, d_head)
+    assert mha.merge_heads(k).shape == (3, 7, inner)
+
+
+def test_d_head_of_d_model_over_h_is_todays_module():
+    """The default path creates the same parameters, in the same order, with the same
+    seeded values: the book's trained models depend on it."""
+    torch.manual_seed(17)
+    default = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    torch.manual_seed(17)
+    explicit = mhbook.MultiHeadAttention(
+        D_MODEL, NUM_HEADS, d_head=D_MODEL // NUM_HEADS, kdim=D_MODEL, vdim=D_MODEL
+    )
+    torch.manual_seed(17)
+    expected = [nn.Linear(D_MODEL, D_MODEL) for _ in range(4)]  # today's W_q, W_k, W_v, W_o
+    names = [f"W_{c}.{kind}" for c in "qkvo" for kind in ("weight", "bias")]
+    for mha in (default, explicit):
+        state = mha.state_dict()
+        assert list(state) == names
+        for i, lin in enumerate(expected):
+            assert torch.equal(state[names[2 * i]], lin.weight)
+            assert torch.equal(state[names[2 * i + 1]], lin.bias)
+    x = _randn(2, 3, D_MODEL, dtype=torch.float32, seed=18)
+    assert torch.equal(default(x, x, x), explicit(x, x, x))
+
+
+def test_model_config_head_dim():
+    config = mhbook.ModelConfig(d_model=30, num_heads=4, head_dim=16)  # 4 does not divide 30
+    assert config.d_head == 16
+    assert mhbook.ModelConfig(d_model=32, num_heads=4).d_head == 8
+    whole = mhbook.Config(model=config)
+    assert whole.to_dict()["model"]["head_dim"] == 16
+    assert mhbook.Config.from_dict(whole.to_dict()) == whole
+    assert mhbook.Config.from_dict(mhbook.BOOK_CONFIG.to_dict()) == mhbook.BOOK_CONFIG
+    assert mhbook.BOOK_CONFIG.model.head_dim is None
+
+
+def test_blocks_use_the_configs_head_dim():
+    torch.manual_seed(19)
+    config = mhbook.ModelConfig(d_model=30, num_heads=4, num_layers=1, d_ff=12, head_dim=16)
+    model = mhbook.Transformer(config, 11, 13)
+    attentions = [m for m in model.modules() if isinstance(m, mhbook.MultiHeadAttention)]
+    assert len(attentions) == 3
+    for mha in attentions:
+        assert mha.d_head == 16 and mha.W_q.weight.shape == (64, 30)
+    src = torch.randint(0, 11, (2, 5))
+    tgt = torch.randint(0, 13, (2, 4))
+    out = model(src, tgt, torch.tensor([5, 3]))
+    assert torch.isfinite(out).all() and out.shape[:2] == (2, 4)
+
+
+def _torch_kv(dtype, bias=True, seed=20):
+    torch.manual_seed(seed)
+    return nn.MultiheadAttention(
+        D_MODEL, NUM_HEADS, bias=bias, batch_first=True, kdim=KDIM, vdim=VDIM, dtype=dtype
+    )
+
+
+def _kv_inputs(dtype):
+    return (
+        _randn(3, 4, D_MODEL, dtype=dtype, seed=21),
+        _randn(3, 7, KDIM, dtype=dtype, seed=22),
+        _randn(3, 7, VDIM, dtype=dtype, seed=23),
+    )
+
+
+def test_kdim_vdim_shapes():
+    mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, kdim=KDIM, vdim=VDIM)
+    assert mha.W_q.weight.shape == (D_MODEL, D_MODEL)
+    assert mha.W_k.weight.shape == (D_MODEL, KDIM)
+    assert mha.W_v.weight.shape == (D_MODEL, VDIM)
+    assert mha.W_o.weight.shape == (D_MODEL, D_MODEL)
+    query, key, value = _kv_inputs(torch.float32)
+    assert mha(query, key, value).shape == query.shape
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_kdim_vdim_match_torch_forward_weights_and_grads(
+    bias, dtype, assert_close, assert_same_grads
+):
+    theirs = _torch_kv(dtype, bias)
+    assert not theirs._qkv_same_embed_dim  # separate q/k/v_proj_weight
+    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    assert (ours.kdim, ours.vdim) == (KDIM, VDIM)
+    query, key, value = _kv_inputs(dtype)
+    mask = mhbook.padding_mask(torch.tensor([7, 3, 1]), 7)
+    key_padding_mask = ~mask[:, 0, 0]
+
+    out, weights = ours(query, key, value, mask, need_weights=True)
+    expected, expected_weights = theirs(
+        query, key, value, key_padding_mask=key_padding_mask, average_attn_weights=False
+    )
+    assert_close(out, expected, "output")
+    assert_close(weights, expected_weights, "per-head weights")
+    fused = ours(query, key, value, mask)
+    expected_fused, _ = theirs(
+        query, key, value, key_padding_mask=key_padding_mask, need_weights=False
+    )
+    assert_close(fused, expected_fused, "fused output")
+
+    g = _upstream(out)
+    inputs = (query, key, value)
+    ours_grads = torch.autograd.grad((out * g).sum(), inputs + tuple(ours.parameters()))
+    for p, grad in zip(ours.parameters(), ours_grads[len(inputs) :]):
+        p.grad = grad
+    theirs_grads = torch.autograd.grad((expected * g).sum(), inputs, retain_graph=True)
+    (expected * g).sum().backward()
+    for a, b in zip(ours_grads[: len(inputs)], theirs_grads):
+        assert_close(a, b, "input gradient")
+    assert_same_grads(ours, theirs)
+    fused_grads = torch.autograd.grad((fused * g).sum(), inputs)
+    for a, b in zip(fused_grads, theirs_grads):
+        assert_close(a, b, "input gradient, fused path")
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_kdim_vdim_to_torch_and_back(bias, dtype, assert_close):
+    torch.manual_seed(24)
+    ours = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, bias=bias, kdim=KDIM, vdim=VDIM)
+    ours = ours.to(dtype)
+    theirs = ours.to_torch()
+    assert (theirs.kdim, theirs.vdim, theirs.batch_first) == (KDIM, VDIM, True)
+    assert theirs.in_proj_weight is None and theirs.k_proj_weight.shape == (D_MODEL, KDIM)
+    assert theirs.q_proj_weight.dtype == dtype
+    query, key, value = _kv_inputs(dtype)
+    mask = mhbook.padding_mask(torch.tensor([7, 4, 2]), 7)
+    expected, _ = theirs(query, key, value, key_padding_mask=~mask[:, 0, 0])
+    assert_close(ours(query, key, value, mask), expected)
+    again = mhbook.MultiHeadAttention.from_torch(theirs)
+    assert list(again.state_dict()) == list(ours.state_dict())
+    for a, b in zip(ours.parameters(), again.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_kdim_vdim_equal_to_d_model_is_the_packed_layout():
+    """``kdim=vdim=d_model`` is PyTorch's packed ``in_proj_weight`` both ways."""
+    torch.manual_seed(25)
+    ours = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, kdim=D_MODEL, vdim=D_MODEL)
+    theirs = ours.to_torch()
+    assert theirs._qkv_same_embed_dim and theirs.in_proj_weight is not None
+    again = mhbook.MultiHeadAttention.from_torch(theirs)
+    for a, b in zip(ours.parameters(), again.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_custom_d_head_to_torch_when_heads_fill_d_model():
+    """A d_head with num_heads * d_head == d_model is PyTorch's layout too."""
+    torch.manual_seed(26)
+    ours = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, d_head=D_MODEL // NUM_HEADS)
+    x = _randn(2, 3, D_MODEL, dtype=torch.float32, seed=27)
+    expected, _ = ours.to_torch()(x, x, x)
+    torch.testing.assert_close(ours(x, x, x), expected)
+
+
+def test_d_head_and_kdim_vdim_on_meta():
+    mha = mhbook.MultiHeadAttention(D_MODEL, 3, d_head=5, kdim=KDIM, vdim=VDIM).to("meta")
+    query = torch.empty(2, 4, D_MODEL, device="meta")
+    key = torch.empty(2, 7, KDIM, device="meta")
+    value = torch.empty(2, 7, VDIM, device="meta")
+    for need_weights in (False, True):
+        out = mha(query, key, value, need_weights=need_weights)
+        out = out[0] if need_weights else out
+        assert out.device.type == "meta" and out.shape == (2, 4, D_MODEL)
+    k, v = mha.project_kv(key, value)
+    assert k.device.type == "meta" and k.shape == v.shape == (2, 3, 7, 5)
+    with torch.device("meta"):
+        built = mhbook.MultiHeadAttention(D_MODEL, 3, d_head=5, kdim=KDIM, vdim=VDIM)
+    assert all(p.device.type == "meta" for p in built.parameters())
