@@ -20,6 +20,21 @@ def _torch_mha(dtype, bias=True, seed=0):
     return nn.MultiheadAttention(D_MODEL, NUM_HEADS, bias=bias, batch_first=True, dtype=dtype)
 
 
+def _compare_gradients(ours, theirs, out, expected, inputs, assert_close, assert_same_grads):
+    """Backpropagate one seeded upstream gradient through both modules' outputs and compare
+    the input and parameter gradients; return PyTorch's input gradients."""
+    g = _upstream(out)
+    ours_grads = torch.autograd.grad((out * g).sum(), inputs + tuple(ours.parameters()))
+    for p, grad in zip(ours.parameters(), ours_grads[len(inputs) :]):
+        p.grad = grad
+    theirs_grads = torch.autograd.grad((expected * g).sum(), inputs, retain_graph=True)
+    (expected * g).sum().backward()
+    for a, b in zip(ours_grads[: len(inputs)], theirs_grads):
+        assert_close(a, b, "input gradient")
+    assert_same_grads(ours, theirs)
+    return theirs_grads
+
+
 def _inputs(kind, dtype):
     """``(query, key, value)``: one tensor three times, or different tensors with Lq != Lk."""
     if kind == "self":
@@ -66,16 +81,8 @@ def test_matches_torch_forward_weights_and_grads(
     assert_close(out, expected, "output")
     assert_close(weights, expected_weights, "per-head weights")
 
-    g = _upstream(out)
     inputs = tuple({id(t): t for t in (query, key, value)}.values())
-    ours_grads = torch.autograd.grad((out * g).sum(), inputs + tuple(ours.parameters()))
-    for p, grad in zip(ours.parameters(), ours_grads[len(inputs) :]):
-        p.grad = grad
-    theirs_grads = torch.autograd.grad((expected * g).sum(), inputs, retain_graph=True)
-    (expected * g).sum().backward()
-    for a, b in zip(ours_grads[: len(inputs)], theirs_grads):
-        assert_close(a, b, "input gradient")
-    assert_same_grads(ours, theirs)
+    _compare_gradients(ours, theirs, out, expected, inputs, assert_close, assert_same_grads)
 
 
 @pytest.mark.parametrize("kind", ["self", "cross"])
@@ -417,14 +424,9 @@ def test_kdim_vdim_match_torch_forward_weights_and_grads(
 
     g = _upstream(out)
     inputs = (query, key, value)
-    ours_grads = torch.autograd.grad((out * g).sum(), inputs + tuple(ours.parameters()))
-    for p, grad in zip(ours.parameters(), ours_grads[len(inputs) :]):
-        p.grad = grad
-    theirs_grads = torch.autograd.grad((expected * g).sum(), inputs, retain_graph=True)
-    (expected * g).sum().backward()
-    for a, b in zip(ours_grads[: len(inputs)], theirs_grads):
-        assert_close(a, b, "input gradient")
-    assert_same_grads(ours, theirs)
+    theirs_grads = _compare_gradients(
+        ours, theirs, out, expected, inputs, assert_close, assert_same_grads
+    )
     fused_grads = torch.autograd.grad((fused * g).sum(), inputs)
     for a, b in zip(fused_grads, theirs_grads):
         assert_close(a, b, "input gradient, fused path")
