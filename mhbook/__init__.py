@@ -10,7 +10,7 @@ imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
 
 import importlib
 
-from . import bleu, config, data, train
+from . import bleu, config, data, lm, lm_data, train
 from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
 from .blocks import DecoderBlock, EncoderBlock
@@ -19,6 +19,8 @@ from .config import BOOK_CONFIG, FAST_CONFIG, Config, DataConfig, ModelConfig, T
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
 from .gqa import GroupedQueryAttention
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
+from .lm import DecoderOnlyBlock, DecoderOnlyLM, make_attention
+from .lm_data import LMBatch, PromptCompletion, completion_loss, evaluate_lm
 from .masks import causal_mask, check_mask, padding_mask
 from .multihead import MultiHeadAttention
 from .train import (
@@ -101,6 +103,14 @@ __all__ = [
     "TransformerDecoder",
     "Transformer",
     "record_attention",
+    # the decoder-only language model
+    "make_attention",
+    "DecoderOnlyBlock",
+    "DecoderOnlyLM",
+    "PromptCompletion",
+    "LMBatch",
+    "completion_loss",
+    "evaluate_lm",
     "KVCache",
     "LayerCache",
     # configurations
@@ -158,6 +168,8 @@ __all__ = [
     "bleu",
     "config",
     "data",
+    "lm",
+    "lm_data",
     "explorers",
     "plot",
     "train",
