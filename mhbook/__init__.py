@@ -10,7 +10,7 @@ imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
 
 import importlib
 
-from . import bleu, config, data, train
+from . import bleu, config, data, launch, parallel, train
 from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
 from .blocks import DecoderBlock, EncoderBlock
@@ -20,6 +20,7 @@ from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, fr
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
 from .masks import causal_mask, check_mask, padding_mask
 from .multihead import MultiHeadAttention
+from .parallel import TensorParallelMultiHeadAttention
 from .train import (
     TrainingLog,
     book_model,
@@ -88,6 +89,7 @@ __all__ = [
     "causal_mask",
     "check_mask",
     "MultiHeadAttention",
+    "TensorParallelMultiHeadAttention",
     # the Transformer
     "sinusoidal_encoding",
     "PositionalEncoding",
@@ -157,6 +159,8 @@ __all__ = [
     "config",
     "data",
     "explorers",
+    "launch",
+    "parallel",
     "plot",
     "train",
 ]
