@@ -476,8 +476,9 @@ def layer_cost(
 def cost_table(shapes: dict[str, dict]) -> str:
     """A text table of :func:`layer_cost` for named shapes (``{name: layer_cost kwargs}``):
     per rank and layer, FLOPs and bytes sent in each direction, and FLOPs per byte."""
+    width = max([len(name) for name in shapes] + [5]) + 2
     lines = [
-        f"{'':<26}{'pass':<9}{'FLOPs per rank':>18}{'bytes sent per rank':>21}"
+        f"{'layer':<{width}}{'pass':<10}{'FLOPs per rank':>18}{'bytes sent per rank':>21}"
         f"{'FLOPs per byte':>16}"
     ]
     for name, shape in shapes.items():
@@ -487,7 +488,7 @@ def cost_table(shapes: dict[str, dict]) -> str:
             sent = cost[f"allreduces_{phase}"] * cost["ring_bytes_sent_per_rank"]
             ratio = f"{flops / sent:>16,.0f}" if sent else f"{'-':>16}"
             label = name if phase == "forward" else ""
-            lines.append(f"{label:<26}{phase:<9}{flops:>18,}{sent:>21,}{ratio}")
+            lines.append(f"{label:<{width}}{phase:<10}{flops:>18,}{sent:>21,}{ratio}")
     return "\n".join(lines)
 
 
