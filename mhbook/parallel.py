@@ -54,8 +54,9 @@ __all__ = [
     "check_tensor_parallel",
 ]
 
-# How each parameter of MultiHeadAttention is split across ranks: the dimension of the
-# tensor (nn.Linear's (out, in) layout) cut into rank slices; None = every rank holds it all.
+#: How each parameter of ``MultiHeadAttention`` is split across the ranks: the dimension of
+#: the tensor (``nn.Linear``'s ``(out, in)`` layout) cut into rank slices; ``None``: every
+#: rank holds all of it.
 SHARD_DIMS = {
     "W_q.weight": 0,
     "W_q.bias": 0,
@@ -440,7 +441,7 @@ def layer_cost(
     all-reduce of ``n`` bytes sends ``2 (p - 1) / p * n`` bytes from each rank.
 
     Returns:
-        A dict of ints: ``flops_forward`` and ``flops_backward`` (whole layer),
+        ``{name: int}``: ``flops_forward`` and ``flops_backward`` (whole layer),
         ``flops_forward_per_rank``, ``flops_backward_per_rank``, ``allreduce_bytes`` (the
         size of one all-reduced tensor), ``allreduces_forward``, ``allreduces_backward``,
         ``ring_bytes_sent_per_rank`` (per all-reduce).
