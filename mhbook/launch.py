@@ -3,8 +3,9 @@ notebook, and bring their results back.
 
 :func:`run` is a small stand-in for ``torchrun`` that works inside Jupyter, under nbval and
 in Colab. It starts ``world_size`` fresh Python processes with the ``spawn`` method of
-``torch.multiprocessing``, joins them in one process group (rendezvous on 127.0.0.1 at a free
-port), calls ``fn(rank, world_size, device, *args)`` in each and returns what every rank
+``torch.multiprocessing`` and joins them in one process group: the rendezvous is a
+``TCPStore`` that the caller serves on 127.0.0.1, on a free port the operating system picks.
+Each rank calls ``fn(rank, world_size, device, *args)``; :func:`run` returns what every rank
 returned, in rank order. Everything is bounded by ``timeout``: a rank that hangs (waiting
 in a collective for a rank that died) is stopped and :class:`TimeoutError` raised; an
 exception in a rank is raised in the caller as :class:`WorkerError` with the rank's traceback.
@@ -16,17 +17,15 @@ be defined in an importable module (like :mod:`mhbook.parallel`), not in a noteb
 from __future__ import annotations
 
 import datetime
-import os
 import pickle
 import queue as queue_module
-import socket
 import time
 import traceback
 from typing import Callable
 
 import torch
 
-__all__ = ["WorkerError", "default_backend", "free_port", "run"]
+__all__ = ["WorkerError", "default_backend", "run"]
 
 
 class WorkerError(RuntimeError):
@@ -42,13 +41,6 @@ def default_backend(world_size: int) -> str:
     if torch.cuda.device_count() >= world_size and dist.is_nccl_available():
         return "nccl"
     return "gloo"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(
@@ -79,6 +71,7 @@ def run(
         WorkerError: a rank raised (its traceback is in the message) or died.
         TimeoutError: the ranks did not all finish within ``timeout`` seconds; they are stopped.
     """
+    import torch.distributed as dist
     import torch.multiprocessing as mp
 
     if not callable(fn):
@@ -105,7 +98,17 @@ def run(
 
     context = mp.get_context("spawn")
     results_queue = context.Queue()
-    port = free_port()
+    # The rendezvous: a key-value store served from this process on a port the OS picks
+    # (port 0), so no other program can take the port between choosing and binding it.
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+    port = store.port
     processes = [
         context.Process(
             target=_worker,
@@ -164,6 +167,7 @@ def run(
         # Finished ranks get a moment to exit; after a failure the others are stopped now.
         _stop(processes, grace=5.0 if len(results) == world_size else 0.0)
         results_queue.close()
+        del store
     return [results[rank] for rank in range(world_size)]
 
 
@@ -178,14 +182,10 @@ def _worker(rank, fn, args, kwargs, world_size, backend, port, timeout, threads,
             device = torch.device("cuda", rank)
         else:
             device = torch.device("cpu")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # for code that reads them
-        os.environ.setdefault("MASTER_PORT", str(port))
+        wait = datetime.timedelta(seconds=timeout)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=wait)
         dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout),
+            backend, store=store, rank=rank, world_size=world_size, timeout=wait
         )
         # Pickled here with the plain pickle: a tensor travels as bytes, not as shared
         # memory that would vanish with this process.
