@@ -10,7 +10,7 @@ imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
 
 import importlib
 
-from . import bleu, config, data, lm, lm_data, train
+from . import bleu, config, data, launch, lm, lm_data, parallel, train
 from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
 from .blocks import DecoderBlock, EncoderBlock
@@ -23,6 +23,7 @@ from .lm import DecoderOnlyBlock, DecoderOnlyLM, make_attention
 from .lm_data import LMBatch, PromptCompletion, completion_loss, evaluate_lm
 from .masks import causal_mask, check_mask, padding_mask
 from .multihead import MultiHeadAttention
+from .parallel import TensorParallelMultiHeadAttention
 from .train import (
     TrainingLog,
     book_model,
@@ -92,6 +93,7 @@ __all__ = [
     "check_mask",
     "MultiHeadAttention",
     "GroupedQueryAttention",
+    "TensorParallelMultiHeadAttention",
     # the Transformer
     "sinusoidal_encoding",
     "PositionalEncoding",
@@ -171,6 +173,8 @@ __all__ = [
     "lm",
     "lm_data",
     "explorers",
+    "launch",
+    "parallel",
     "plot",
     "train",
 ]

@@ -79,3 +79,20 @@ def test_greedy_decode_with_and_without_cache_on_cuda():
     uncached = model.greedy_decode(src, valid_lens, 1, 2, max_len=12, use_cache=False)
     assert cached.device.type == "cuda"
     assert torch.equal(cached, uncached)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("api", ["by hand", "dtensor"])
+def test_tensor_parallel_attention_on_two_gpus_with_nccl(api):
+    """Heads split over 2 GPUs (mhbook.parallel) on NCCL: equal to one GPU, forward and
+    gradients, in float64."""
+    from mhbook import launch, parallel
+
+    for cross in (False, True):
+        ranks = launch.run(
+            parallel.check_tensor_parallel, api, world_size=2, timeout=300, cross=cross
+        )
+        for rank, result in enumerate(ranks):
+            assert result["backend"] == "nccl" and result["rank"] == rank
+            for what, diff in result["max_diff"].items():
+                assert diff < 1e-10, (api, cross, rank, what, diff)
