@@ -18,6 +18,7 @@ from .blocks import DecoderBlock, EncoderBlock
 from .cache import KVCache, LayerCache
 from .config import BOOK_CONFIG, FAST_CONFIG, Config, DataConfig, ModelConfig, TrainConfig
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
+from .gqa import GroupedQueryAttention
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
 from .masks import causal_mask, check_mask, padding_mask
 from .multihead import MultiHeadAttention
@@ -90,6 +91,7 @@ __all__ = [
     "causal_mask",
     "check_mask",
     "MultiHeadAttention",
+    "GroupedQueryAttention",
     # position inside attention
     "RotaryEmbedding",
     "ALiBi",
