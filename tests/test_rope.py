@@ -159,3 +159,63 @@ def test_bad_inputs():
         ValueError, match="positions must be on x's device meta, got positions on cpu"
     ):
         rope(x.to("meta"), torch.arange(5))
+
+
+# -- GroupedQueryAttention with RoPE against Hugging Face's LlamaAttention ----------------------
+def _llama_pair(num_kv_heads, d_model=32, num_heads=4, base=10000.0):
+    """LlamaAttention with random weights (nothing downloaded), and the same weights in a
+    GroupedQueryAttention with a RotaryEmbedding; both float64."""
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    config = LlamaConfig(
+        hidden_size=d_model, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        attention_bias=False, attention_dropout=0.0,
+        rope_parameters={"rope_type": "default", "rope_theta": base},
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"  # "eager" takes the softmax in float32
+    torch.manual_seed(0)
+    llama = LlamaAttention(config, layer_idx=0).double().eval()
+    d_head = d_model // num_heads
+    rope = mhbook.RotaryEmbedding(d_head, base=base)
+    ours = mhbook.GroupedQueryAttention(d_model, num_heads, num_kv_heads, rope=rope).double()
+    with torch.no_grad():
+        for mine, theirs in zip(
+            ("W_q", "W_k", "W_v", "W_o"), ("q_proj", "k_proj", "v_proj", "o_proj")
+        ):
+            getattr(ours, mine).weight.copy_(getattr(llama, theirs).weight)
+    return config, llama, LlamaRotaryEmbedding(config), ours.eval()
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_gqa_with_rope_equals_llama_attention(num_kv_heads):
+    from transformers.masking_utils import create_causal_mask
+
+    config, llama, llama_rope, ours = _llama_pair(num_kv_heads)
+    x = _randn(2, 7, 32, seed=7)
+    for start in (0, 40):  # positions 0..6, then 40..46
+        position_ids = torch.arange(start, start + 7)[None]
+        mask = create_causal_mask(
+            config, x, None, None, position_ids=position_ids, allow_is_causal_skip=False
+        )
+        theirs, _ = llama(x, position_embeddings=llama_rope(x, position_ids), attention_mask=mask)
+        mine = ours(x, mhbook.causal_mask(7), positions=position_ids[0])
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-10)
+
+
+def test_gqa_with_rope_decoding_equals_llama_with_its_cache():
+    """Token by token: mhbook's LayerCache (rotated keys) and transformers' DynamicCache."""
+    from transformers import DynamicCache
+
+    config, llama, llama_rope, ours = _llama_pair(2)
+    x = _randn(1, 6, 32, seed=8)
+    theirs_cache, our_cache = DynamicCache(config=config), mhbook.LayerCache()
+    for t in range(6):
+        step = x[:, t : t + 1]
+        position_ids = torch.tensor([[t]])
+        theirs, _ = llama(
+            step, position_embeddings=llama_rope(step, position_ids), attention_mask=None,
+            past_key_values=theirs_cache,
+        )  # fmt: skip
+        mine = ours(step, mhbook.causal_mask(1, t + 1), cache=our_cache)
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-10)
+    torch.testing.assert_close(our_cache.keys, theirs_cache.layers[0].keys, rtol=0, atol=1e-12)
