@@ -96,5 +96,6 @@ class ALiBi(nn.Module):
                 f"{q_positions.device} and {k_positions.device}"
             )
         slopes = alibi_slopes(self.num_heads, device=q_positions.device, dtype=dtype)
-        distance = (q_positions[:, None] - k_positions[None, :]).abs().to(dtype)  # (T, S)
-        return -slopes[:, None, None] * distance
+        # Negated as integers, so that a distance of 0 gives 0.0, not -0.0.
+        minus_distance = -(q_positions[:, None] - k_positions[None, :]).abs()  # (T, S)
+        return slopes[:, None, None] * minus_distance.to(dtype)
