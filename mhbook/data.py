@@ -217,48 +217,16 @@ class NumberTranslation:
                 f"num_train + num_valid + num_test = {total} distinct numbers do not fit "
                 f"in 0..max_number={max_number}"
             )
+        self.max_number = max_number
+        self.seed = seed
         rng = random.Random(seed)
         drawn = _draw_numbers(total, max_number, rng)
         rng.shuffle(drawn)
-        numbers = {
+        self.numbers = {
             "train": drawn[:num_train],
             "valid": drawn[num_train : num_train + num_valid],
             "test": drawn[num_train + num_valid :],
         }
-        self._set_numbers(numbers, max_number, seed)
-
-    @classmethod
-    def from_numbers(cls, numbers: dict[str, Sequence[int]]) -> NumberTranslation:
-        """A data set with exactly these numbers in each split, e.g. to train on short
-        sentences and test on long ones (chapter 11).
-
-        Args:
-            numbers: ``{"train": [...], "valid": [...], "test": [...]}``, distinct numbers;
-                a missing split is empty. The vocabularies come from the training
-                numbers, as always; ``max_number`` is the largest number given and
-                ``seed`` is ``None``.
-        """
-        if not isinstance(numbers, dict) or not set(numbers) <= set(SPLITS):
-            got = sorted(numbers) if isinstance(numbers, dict) else type(numbers).__name__
-            raise ValueError(f"numbers must be a dict with keys among {SPLITS}, got {got}")
-        lists = {split: list(numbers.get(split, [])) for split in SPLITS}
-        seen: dict[int, str] = {}
-        for split, nums in lists.items():
-            for n in nums:
-                _check_number(n)
-                if n in seen:
-                    raise ValueError(f"{n} is twice in the splits ({seen[n]} and {split})")
-                seen[n] = split
-        if not lists["train"]:
-            raise ValueError("numbers['train'] is empty: the vocabularies need training numbers")
-        data = cls.__new__(cls)
-        data._set_numbers(lists, max(max(nums, default=0) for nums in lists.values()), None)
-        return data
-
-    def _set_numbers(self, numbers: dict[str, list[int]], max_number: int, seed) -> None:
-        self.max_number = max_number
-        self.seed = seed
-        self.numbers = numbers
         self._pairs = {
             split: [(english_words(n), french_words(n)) for n in nums]
             for split, nums in self.numbers.items()

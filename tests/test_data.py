@@ -203,26 +203,3 @@ def test_translate_plumbing(data):
     model = _Echo(torch.tensor([v.encode(tokenize("quatre-vingts")) + [v.eos_id]]))
     assert data.translate(model, [80], max_len=7) == ["quatre-vingts"]
     assert model.calls == [((1, 2), v.bos_id, v.eos_id, 7, True)]
-
-
-def test_from_numbers():
-    data = NumberTranslation.from_numbers({"train": [1, 20, 300], "test": [4_000]})
-    assert data.numbers == {"train": [1, 20, 300], "valid": [], "test": [4_000]}
-    assert data.pairs("test") == [("four thousand", "quatre mille")]
-    assert data.max_number == 4_000 and data.seed is None
-    assert "thousand" not in data.src_vocab.token_to_id  # only the training numbers count
-    batch = next(data.batches("train", 3, shuffle=False))
-    assert batch.src.shape == (3, 3)  # "three hundred <eos>"
-
-
-def test_from_numbers_errors():
-    with pytest.raises(ValueError, match="keys among .* got \\['tests'\\]"):
-        NumberTranslation.from_numbers({"tests": [1]})
-    with pytest.raises(ValueError, match="5 is twice in the splits \\(train and test\\)"):
-        NumberTranslation.from_numbers({"train": [5], "test": [5]})
-    with pytest.raises(ValueError, match="5 is twice in the splits \\(train and train\\)"):
-        NumberTranslation.from_numbers({"train": [5, 5]})
-    with pytest.raises(ValueError, match="numbers\\['train'\\] is empty"):
-        NumberTranslation.from_numbers({"test": [5]})
-    with pytest.raises(ValueError, match="non-negative"):
-        NumberTranslation.from_numbers({"train": [-1]})
