@@ -10,7 +10,8 @@ imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
 
 import importlib
 
-from . import bleu, config, data, launch, lm, lm_data, parallel, train
+from . import alibi, bleu, config, data, launch, lm, lm_data, parallel, rope, train
+from .alibi import ALiBi, alibi_slopes
 from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
 from .blocks import DecoderBlock, EncoderBlock
@@ -24,6 +25,7 @@ from .lm_data import LMBatch, PromptCompletion, completion_loss, evaluate_lm
 from .masks import causal_mask, check_mask, padding_mask
 from .multihead import MultiHeadAttention
 from .parallel import TensorParallelMultiHeadAttention
+from .rope import RotaryEmbedding
 from .train import (
     TrainingLog,
     book_model,
@@ -94,6 +96,10 @@ __all__ = [
     "MultiHeadAttention",
     "GroupedQueryAttention",
     "TensorParallelMultiHeadAttention",
+    # position inside attention
+    "RotaryEmbedding",
+    "ALiBi",
+    "alibi_slopes",
     # the Transformer
     "sinusoidal_encoding",
     "PositionalEncoding",
@@ -167,6 +173,7 @@ __all__ = [
     "focus_preset",
     "explorer_title",
     # modules
+    "alibi",
     "bleu",
     "config",
     "data",
@@ -176,5 +183,6 @@ __all__ = [
     "launch",
     "parallel",
     "plot",
+    "rope",
     "train",
 ]
