@@ -19,6 +19,7 @@ from .config import BOOK_CONFIG, FAST_CONFIG, Config, DataConfig, ModelConfig, T
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
 from .masks import causal_mask, check_mask, padding_mask
+from .mla import MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
 from .train import (
     TrainingLog,
@@ -88,6 +89,7 @@ __all__ = [
     "causal_mask",
     "check_mask",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     # the Transformer
     "sinusoidal_encoding",
     "PositionalEncoding",
