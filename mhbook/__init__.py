@@ -10,17 +10,20 @@ imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
 
 import importlib
 
-from . import bleu, config, data, train
+from . import alibi, bleu, config, data, rope, train
+from .alibi import ALiBi, alibi_slopes
 from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
 from .blocks import DecoderBlock, EncoderBlock
 from .cache import KVCache, LayerCache
 from .config import BOOK_CONFIG, FAST_CONFIG, Config, DataConfig, ModelConfig, TrainConfig
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
+from .gqa import GroupedQueryAttention
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
 from .masks import causal_mask, check_mask, padding_mask
 from .mla import MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
+from .rope import RotaryEmbedding
 from .train import (
     TrainingLog,
     book_model,
@@ -89,7 +92,12 @@ __all__ = [
     "causal_mask",
     "check_mask",
     "MultiHeadAttention",
+    "GroupedQueryAttention",
     "MultiHeadLatentAttention",
+    # position inside attention
+    "RotaryEmbedding",
+    "ALiBi",
+    "alibi_slopes",
     # the Transformer
     "sinusoidal_encoding",
     "PositionalEncoding",
@@ -155,10 +163,12 @@ __all__ = [
     "focus_preset",
     "explorer_title",
     # modules
+    "alibi",
     "bleu",
     "config",
     "data",
     "explorers",
     "plot",
+    "rope",
     "train",
 ]

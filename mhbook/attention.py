@@ -61,6 +61,7 @@ def attend(
     *,
     need_weights: bool = False,
     dropout_p: float = 0.0,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of ``h`` query heads over ``h_kv`` key/value heads.
 
@@ -77,6 +78,11 @@ def attend(
         need_weights: compute the weights explicitly and return them. Otherwise
             PyTorch's fused kernel runs and never stores the ``(L, S)`` weights.
         dropout_p: dropout on the attention weights; pass ``0.0`` in eval mode.
+        bias: an optional float tensor broadcastable to ``(batch, h, L, S)``, added to
+            the scaled scores before the softmax (e.g. ALiBi's distance penalty):
+            ``softmax(q k^T / sqrt(d) + bias)``. It is combined with ``mask``: masked
+            scores stay masked whatever their bias. It must be finite where the mask
+            allows (it is not checked, to check no values).
 
     Returns:
         ``(output, weights)``: output ``(batch, h, L, d_v)``; weights
@@ -90,29 +96,37 @@ def attend(
     _check_heads(q, k, v)
     batch, h, length, _ = q.shape
     check_mask(mask, (batch, h, length, k.size(2)), q.device)
+    _check_bias(bias, (batch, h, length, k.size(2)), q)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p!r}")
     group = h // k.size(1)
     if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     if need_weights:
-        return _explicit_attention(q, k, v, mask, dropout_p)
+        return _explicit_attention(q, k, v, mask, dropout_p, bias)
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+        attn_mask = None if bias is None else bias.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p), None
     # A query with no key to attend to must give zero output and zero gradient on every
     # backend: let the kernel see all keys for such rows (so no backend meets an empty
     # row), then zero them.
     has_key = mask.any(dim=-1, keepdim=True)
-    output = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
+    attn_mask = mask | ~has_key
+    if bias is not None:  # a float mask: the bias where allowed, -inf where masked
+        attn_mask = bias.to(q.dtype).masked_fill(~attn_mask, float("-inf"))
+    output = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     return output.masked_fill(~has_key, 0.0), None
 
 
-def _explicit_attention(q, k, v, mask, dropout_p=0.0):
-    """``softmax(q k^T / sqrt(d)) v`` with the weights materialised; inputs already checked."""
+def _explicit_attention(q, k, v, mask, dropout_p=0.0, bias=None):
+    """``softmax(q k^T / sqrt(d) + bias) v`` with the weights materialised; inputs already
+    checked."""
     # float16 and bfloat16 scores are computed in float32 (float32 and float64 stay as
     # they are): large scores then neither overflow nor lose their precision.
     compute = torch.promote_types(q.dtype, torch.float32)
     scores = q.to(compute) @ k.to(compute).transpose(-2, -1) / math.sqrt(q.size(-1))
+    if bias is not None:
+        scores = scores + bias.to(compute)
     if mask is not None:
         # Masked scores become -inf, so exp() gives them exactly zero weight.
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -169,6 +183,30 @@ def _check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> N
             f"batch dimensions do not match: query {tuple(query.shape)}, "
             f"key {tuple(key.shape)}, value {tuple(value.shape)}"
         ) from None
+
+
+def _check_bias(bias, scores_shape: tuple[int, ...], q: torch.Tensor) -> None:
+    """``bias`` is ``None`` or a floating tensor on ``q``'s device that broadcasts to the
+    scores' shape ``(batch, h, L, S)``."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+        got = f"dtype {bias.dtype}" if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise TypeError(
+            f"bias must be a floating-point tensor added to the scores, got {got}; "
+            "a bool tensor goes to mask="
+        )
+    if bias.device != q.device:
+        raise ValueError(f"bias must be on the queries' device {q.device}, got {bias.device}")
+    try:
+        broadcast = torch.broadcast_shapes(bias.shape, scores_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != tuple(scores_shape):
+        raise ValueError(
+            f"bias of shape {tuple(bias.shape)} does not broadcast to the attention scores' "
+            f"shape {tuple(scores_shape)} (batch, h, L, S)"
+        )
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -217,7 +217,9 @@ class Transformer(nn.Module):
 def record_attention(model: nn.Module):
     """Keep the per-head attention weights of every attention layer in ``model``.
 
-    Inside the ``with`` block every :class:`MultiHeadAttention` stores its weights
+    Inside the ``with`` block every :class:`MultiHeadAttention` (and every other
+    attention layer with a ``keep_weights`` switch, e.g. :class:`mhbook.GroupedQueryAttention`)
+    stores its weights
     ``(batch, h, Lq, Lk)`` of its latest call. The context value is a function that
     returns them as a dict of the layers that ran in this recording (weights kept from
     an earlier one are cleared when it starts), e.g. for a :class:`Transformer`::
@@ -228,7 +230,11 @@ def record_attention(model: nn.Module):
 
     The model's outputs are the same as without it (the explicit attention path is used).
     """
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    layers = {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, MultiHeadAttention) or hasattr(m, "keep_weights")
+    }
     previous = {name: m.keep_weights for name, m in layers.items()}
     for m in layers.values():
         m.keep_weights = True

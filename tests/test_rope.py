@@ -1,0 +1,161 @@
+"""Rotary position embedding: its properties, its two layouts, and Hugging Face's Llama code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mhbook
+from mhbook.rope import interleaved_to_half, rope_angles
+
+transformers = pytest.importorskip("transformers")
+from transformers import LlamaConfig  # noqa: E402
+from transformers.models.llama.modeling_llama import (  # noqa: E402
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+LAYOUTS = pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+
+
+def _randn(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+@LAYOUTS
+def test_scores_depend_only_on_the_offset(interleaved):
+    """q at m and k at n score q R(m)^T ... = a function of m - n: shift both, same score."""
+    rope = mhbook.RotaryEmbedding(16, interleaved=interleaved)
+    q, k = _randn(1, 1, 1, 16, seed=1), _randn(1, 1, 1, 16, seed=2)
+
+    def score(m, n):
+        return (rope(q, torch.tensor([m])) * rope(k, torch.tensor([n]))).sum()
+
+    for m, n in [(0, 0), (5, 2), (2, 5), (9, 0)]:
+        for shift in (1, 7, 100):
+            torch.testing.assert_close(score(m + shift, n + shift), score(m, n), rtol=0, atol=1e-5)
+    # ...but it does depend on the offset: a different offset gives a different score.
+    assert not torch.isclose(score(5, 2), score(5, 3))
+
+
+@LAYOUTS
+def test_position_zero_is_the_identity_and_norms_are_kept(interleaved):
+    rope = mhbook.RotaryEmbedding(8, interleaved=interleaved)
+    x = _randn(2, 3, 6, 8)
+    positions = torch.arange(6)
+    y = rope(x, positions)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    torch.testing.assert_close(y[:, :, 0], x[:, :, 0], rtol=0, atol=0)
+    # cos and sin are computed in float32 (as Llama's code does), so cos^2 + sin^2 = 1
+    # holds to float32's precision, even for float64 inputs.
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-6, atol=0)
+    assert not torch.allclose(y[:, :, 1:], x[:, :, 1:])
+
+
+def test_the_two_layouts_are_equal_up_to_a_permutation():
+    """The paper's pairs (2i, 2i+1) and Llama's halves (i, i + d/2): the same rotation once
+    the features are permuted by [0, 2, 4, ..., 1, 3, 5, ...]."""
+    d = 12
+    perm = interleaved_to_half(d)
+    assert perm.tolist() == [0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11]
+    paper = mhbook.RotaryEmbedding(d, interleaved=True)
+    llama = mhbook.RotaryEmbedding(d, interleaved=False)
+    x, positions = _randn(2, 3, 7, d), torch.arange(3, 10)
+    torch.testing.assert_close(paper(x, positions)[..., perm], llama(x[..., perm], positions))
+    # Not the same function without the permutation.
+    assert not torch.allclose(paper(x, positions), llama(x, positions))
+    # Scores are the same when q and k are permuted alike.
+    q, k = _randn(1, 2, 7, d, seed=3), _randn(1, 2, 7, d, seed=4)
+    scores_paper = paper(q, positions) @ paper(k, positions).transpose(-2, -1)
+    scores_llama = llama(q[..., perm], positions) @ llama(k[..., perm], positions).transpose(-2, -1)
+    torch.testing.assert_close(scores_paper, scores_llama)
+
+
+@LAYOUTS
+def test_matches_the_complex_number_form(interleaved):
+    """The paper's form: each pair is a complex number multiplied by e^{i m theta}."""
+    d = 10
+    x, positions = _randn(2, 1, 5, d), torch.tensor([0, 3, 4, 10, 2])
+    rope = mhbook.RotaryEmbedding(d, base=500.0, interleaved=interleaved)
+    perm = torch.arange(d) if interleaved else interleaved_to_half(d)
+    pairs = x[..., torch.argsort(perm)] if not interleaved else x  # back to adjacent pairs
+    z = torch.view_as_complex(pairs.unflatten(-1, (d // 2, 2)).contiguous())
+    angles = rope_angles(positions, d, 500.0).double()
+    rotated = torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+    expected = rotated if interleaved else rotated[..., perm]
+    torch.testing.assert_close(rope(x, positions), expected)
+
+
+def test_positions_per_sequence():
+    """(batch, T) positions: each sequence rotated by its own, as with (T,) one at a time."""
+    rope = mhbook.RotaryEmbedding(8)
+    x = _randn(2, 3, 4, 8)
+    positions = torch.tensor([[0, 1, 2, 3], [5, 6, 7, 8]])
+    y = rope(x, positions)
+    for b in range(2):
+        torch.testing.assert_close(y[b], rope(x[b], positions[b]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_equals_hugging_face_llama(dtype):
+    """transformers' LlamaRotaryEmbedding + apply_rotary_pos_emb give the same q and k,
+    bit for bit: the angles are computed in float32 as there, and the rotation written alike."""
+    config = LlamaConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    )  # fmt: skip
+    theirs = LlamaRotaryEmbedding(config)
+    q, k = _randn(2, 4, 9, 16, seed=5, dtype=dtype), _randn(2, 2, 9, 16, seed=6, dtype=dtype)
+    position_ids = torch.tensor([list(range(9)), list(range(100, 109))])
+    cos, sin = theirs(q, position_ids)
+    q_hf, k_hf = apply_rotary_pos_emb(q, k, cos, sin)
+    ours = mhbook.RotaryEmbedding(16, base=500.0)
+    torch.testing.assert_close(ours(q, position_ids), q_hf, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ours(k, position_ids), k_hf, rtol=0, atol=1e-12)
+    # (T,) positions: the same for every sequence of the batch.
+    cos, sin = theirs(q, position_ids[:1])
+    q_hf, _ = apply_rotary_pos_emb(q, k, cos, sin)
+    torch.testing.assert_close(ours(q, position_ids[0]), q_hf, rtol=0, atol=1e-12)
+
+
+def test_on_the_meta_device():
+    rope = mhbook.RotaryEmbedding(8, interleaved=True)
+    x = torch.empty(2, 3, 5, 8, device="meta")
+    y = rope(x, torch.arange(5, device="meta"))
+    assert y.device.type == "meta" and y.shape == x.shape
+    assert mhbook.RotaryEmbedding(8)(x, torch.arange(5, device="meta")).shape == x.shape
+
+
+@pytest.mark.parametrize("d_head", [7, 1, 0, 2.0, True])
+def test_bad_d_head(d_head):
+    with pytest.raises(ValueError, match=rf"d_head must be .*got {d_head!r}"):
+        mhbook.RotaryEmbedding(d_head)
+
+
+def test_odd_d_head_says_why():
+    with pytest.raises(ValueError, match="even: RoPE rotates features in pairs, got 7"):
+        mhbook.RotaryEmbedding(7)
+
+
+def test_bad_base():
+    with pytest.raises(ValueError, match="base must be a number > 1, got 1"):
+        mhbook.RotaryEmbedding(8, base=1)
+
+
+def test_bad_inputs():
+    rope = mhbook.RotaryEmbedding(8)
+    x = torch.zeros(2, 3, 5, 8)
+    with pytest.raises(ValueError, match=r"d_head=8\), got \(2, 3, 5, 6\)"):
+        rope(torch.zeros(2, 3, 5, 6), torch.arange(5))
+    with pytest.raises(ValueError, match=r"\(T,\) = \(5,\) .* got \(4,\)"):
+        rope(x, torch.arange(4))
+    with pytest.raises(ValueError, match=r"\(batch, T\) = \(2, 5\) .* got \(3, 5\)"):
+        rope(x, torch.zeros(3, 5, dtype=torch.long))
+    with pytest.raises(TypeError, match="positions must hold integers, got dtype torch.float32"):
+        rope(x, torch.arange(5.0))
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        rope(torch.zeros(2, 3, 5, 8, dtype=torch.long), torch.arange(5))
+    with pytest.raises(
+        ValueError, match="positions must be on x's device meta, got positions on cpu"
+    ):
+        rope(x.to("meta"), torch.arange(5))
