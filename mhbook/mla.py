@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from . import attention
+from .rope import RotaryEmbedding
 
 __all__ = ["MultiHeadLatentAttention"]
 
@@ -71,7 +72,8 @@ class MultiHeadLatentAttention(nn.Module):
             are projected from ``x`` directly.
         rope_base: the RoPE base (``rope_theta``).
         rope_interleaved: rotate adjacent pairs ``(x0, x1), (x2, x3), ...`` as the RoFormer
-            paper and DeepSeek do (``True``), or Llama's halves ``(x_i, x_{i + d/2})``.
+            paper and DeepSeek do (``True``), or Llama's halves ``(x_i, x_{i + d/2})``
+            (see :class:`mhbook.RotaryEmbedding`).
         absorb: compute attention in the absorbed form (see the module's docstring).
         norm_eps: epsilon of the latents' RMS norms.
 
@@ -81,6 +83,7 @@ class MultiHeadLatentAttention(nn.Module):
         W_qr: ``nn.Linear(d_q, num_heads * d_rope)`` (only with ``d_rope > 0``).
         W_dkv: ``nn.Linear(d_model, d_latent)`` and ``kv_norm`` ``nn.RMSNorm(d_latent)``.
         W_kr: ``nn.Linear(d_model, d_rope)`` (only with ``d_rope > 0``).
+        rope: the :class:`mhbook.RotaryEmbedding` of the decoupled part (``d_rope > 0``).
         W_uk: ``nn.Linear(d_latent, num_heads * d_head)``.
         W_uv: ``nn.Linear(d_latent, num_heads * d_v)``.
         W_o: ``nn.Linear(num_heads * d_v, d_model)``.
@@ -136,8 +139,6 @@ class MultiHeadLatentAttention(nn.Module):
             raise ValueError(f"d_rope must be even (RoPE rotates pairs), got {d_rope}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        if not isinstance(rope_base, numbers.Real) or rope_base <= 1:
-            raise ValueError(f"rope_base must be a number > 1, got {rope_base!r}")
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_latent = d_latent
@@ -146,8 +147,6 @@ class MultiHeadLatentAttention(nn.Module):
         self.d_v = self.d_head if d_v is None else d_v
         self.d_q_latent = d_q_latent
         self.dropout = dropout
-        self.rope_base = float(rope_base)
-        self.rope_interleaved = bool(rope_interleaved)
         self.absorb = bool(absorb)
         h = num_heads
         d_q = d_model
@@ -158,6 +157,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.W_q = nn.Linear(d_q, h * self.d_head, bias=False)
         if d_rope:
             self.W_qr = nn.Linear(d_q, h * d_rope, bias=False)
+            self.rope = RotaryEmbedding(d_rope, rope_base, interleaved=rope_interleaved)
         self.W_dkv = nn.Linear(d_model, d_latent, bias=bias)
         self.kv_norm = nn.RMSNorm(d_latent, eps=norm_eps)
         if d_rope:
@@ -190,7 +190,7 @@ class MultiHeadLatentAttention(nn.Module):
         c = self.kv_norm(self.W_dkv(x))
         if not self.d_rope:
             return c
-        k_rope = self._rotate(self.W_kr(x).unsqueeze(1), positions).squeeze(1)
+        k_rope = self.rope(self.W_kr(x).unsqueeze(1), positions).squeeze(1)
         return torch.cat([c, k_rope], dim=-1)
 
     def queries(self, x: torch.Tensor, positions: torch.Tensor):
@@ -200,7 +200,7 @@ class MultiHeadLatentAttention(nn.Module):
         q = self._split(self.W_q(c_q), self.d_head)
         if not self.d_rope:
             return q, None
-        return q, self._rotate(self._split(self.W_qr(c_q), self.d_rope), positions)
+        return q, self.rope(self._split(self.W_qr(c_q), self.d_rope), positions)
 
     def expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The naive form's keys and values from cached latents.
@@ -296,25 +296,6 @@ class MultiHeadLatentAttention(nn.Module):
         """``(batch, h, T, d_v)`` -> ``(batch, T, h * d_v)``."""
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.num_heads * self.d_v)
-
-    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE on ``x`` ``(batch, heads, T, d_rope)`` at ``positions`` ``(T,)``.
-
-        Written by hand here until ``mhbook.rope`` is merged (TODO coordinator: replace by
-        ``RotaryEmbedding(d_rope, rope_base, interleaved=rope_interleaved)``).
-        """
-        d = x.size(-1)
-        compute = torch.promote_types(x.dtype, torch.float32)
-        inv_freq = self.rope_base ** (
-            -torch.arange(0, d, 2, device=x.device, dtype=compute) / d
-        )  # (d/2,)
-        angles = positions.to(compute)[:, None] * inv_freq  # (T, d/2)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        if self.rope_interleaved:
-            x1, x2 = x[..., 0::2], x[..., 1::2]
-            return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
-        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
     def _positions(self, x, positions, cache) -> torch.Tensor:
         length = x.size(1)

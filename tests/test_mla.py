@@ -41,14 +41,6 @@ def _hf_attention(dtype, *, q_lora_rank=None, rope_interleave=True, attention_bi
     return m
 
 
-def _float64_cos_sin(d_rope, positions, base=10000.0):
-    """Hugging Face's rotary embedding computes the angles in float32; float64 here."""
-    inv_freq = 1.0 / base ** (torch.arange(0, d_rope, 2, dtype=torch.float64) / d_rope)
-    freqs = positions[:, None].to(torch.float64) * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1)[None]  # (1, T, d_rope)
-    return emb.cos(), emb.sin()
-
-
 def _additive_causal(length, dtype):
     allowed = mhbook.causal_mask(length)
     return torch.zeros(length, length, dtype=dtype).masked_fill(~allowed, float("-inf"))[None, None]
@@ -82,7 +74,9 @@ def test_equals_hugging_face_deepseek_v3_float64(
     assert (ours.d_head, ours.d_rope, ours.d_v, ours.d_q_latent) == (8, 6, 10, q_lora_rank)
     x = torch.randn(2, 7, D_MODEL, dtype=torch.float64)
     positions = torch.arange(7)
-    expected, _ = theirs(x, _float64_cos_sin(6, positions), _additive_causal(7, torch.float64))
+    # Its rotary embedding computes the angles in float32, as mhbook.RotaryEmbedding does.
+    cos_sin = hf.DeepseekV3RotaryEmbedding(theirs.config)(x, positions[None])
+    expected, _ = theirs(x, cos_sin, _additive_causal(7, torch.float64))
     actual = ours(x, mhbook.causal_mask(7), positions=positions)
     torch.testing.assert_close(actual, expected, rtol=0, atol=1e-10)
 
@@ -175,7 +169,7 @@ def test_scores_depend_on_relative_position_only():
     x = torch.randn(1, 5, D_MODEL, dtype=torch.float64)
     a = mla(x, mhbook.causal_mask(5), positions=torch.arange(5))
     b = mla(x, mhbook.causal_mask(5), positions=torch.arange(5) + 11)
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # RoPE's angles are float32
 
 
 @pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
