@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from . import attention
+from .cache import LayerCache
 from .rope import RotaryEmbedding
 
 __all__ = ["MultiHeadLatentAttention"]
@@ -87,6 +88,8 @@ class MultiHeadLatentAttention(nn.Module):
         W_uk: ``nn.Linear(d_latent, num_heads * d_head)``.
         W_uv: ``nn.Linear(d_latent, num_heads * d_v)``.
         W_o: ``nn.Linear(num_heads * d_v, d_model)``.
+        keep_weights: when ``True``, every forward pass stores its weights
+            ``(batch, num_heads, T, S)`` in ``weights`` (see :func:`mhbook.record_attention`).
     """
 
     def __init__(
@@ -165,6 +168,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.W_uk = nn.Linear(d_latent, h * self.d_head, bias=False)
         self.W_uv = nn.Linear(d_latent, h * self.d_v, bias=False)
         self.W_o = nn.Linear(h * self.d_v, d_model, bias=bias)
+        self.keep_weights = False
+        self.weights: torch.Tensor | None = None
 
     @property
     def d_cache(self) -> int:
@@ -226,7 +231,7 @@ class MultiHeadLatentAttention(nn.Module):
         mask: torch.Tensor | None = None,
         *,
         positions: torch.Tensor | None = None,
-        cache=None,
+        cache: LayerCache | None = None,
         need_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Self-attention of ``x`` over itself and, with a cache, the cached tokens.
@@ -245,7 +250,7 @@ class MultiHeadLatentAttention(nn.Module):
         Returns:
             ``(batch, T, d_model)``, or ``(output, weights)`` when ``need_weights``.
         """
-        self._check_input(x)
+        self._check_input(x, cache)
         positions = self._positions(x, positions, cache)
         latent = self.latent(x, positions)  # (B, T, d_latent + d_rope)
         if cache is not None:
@@ -253,7 +258,9 @@ class MultiHeadLatentAttention(nn.Module):
         q, q_rope = self.queries(x, positions)
         dropout_p = self.dropout if self.training else 0.0
         run = self._absorbed if self.absorb else self._naive
-        heads, weights = run(q, q_rope, latent, mask, need_weights, dropout_p)
+        heads, weights = run(q, q_rope, latent, mask, need_weights or self.keep_weights, dropout_p)
+        if self.keep_weights:
+            self.weights = weights.detach()
         output = self.W_o(self._merge(heads))
         return (output, weights) if need_weights else output
 
@@ -318,7 +325,12 @@ class MultiHeadLatentAttention(nn.Module):
             raise ValueError(f"positions are on {positions.device} but x is on {x.device}")
         return positions
 
-    def _check_input(self, x: torch.Tensor) -> None:
+    def _check_input(self, x: torch.Tensor, cache) -> None:
+        if cache is not None and not isinstance(cache, LayerCache):
+            raise TypeError(
+                f"cache must be None or a mhbook.LayerCache (one layer of a KVCache), "
+                f"got {type(cache).__name__}"
+            )
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 3 or x.size(-1) != self.d_model:

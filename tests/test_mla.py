@@ -245,3 +245,16 @@ def test_bad_inputs():
     other = _mla(d_rope=0)
     with pytest.raises(ValueError, match=r"does not fit the cached"):
         other(x, cache=cache)
+    with pytest.raises(TypeError, match=r"cache must be None or a mhbook.LayerCache"):
+        mla(x, cache=mhbook.KVCache(1))
+
+
+def test_record_attention_sees_the_weights():
+    mla = _mla().eval()
+    x = torch.randn(2, 5, D_MODEL, dtype=torch.float64)
+    with mhbook.record_attention(mla) as weights:
+        out = mla(x, mhbook.causal_mask(5))
+    (w,) = weights().values()
+    assert w.shape == (2, NUM_HEADS, 5, 5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, NUM_HEADS, 5, dtype=torch.float64))
+    torch.testing.assert_close(out, mla(x, mhbook.causal_mask(5)), rtol=0, atol=1e-12)
