@@ -48,6 +48,7 @@ from torch import nn
 
 from . import attention
 from .cache import LayerCache
+from .masks import check_mask
 from .rope import RotaryEmbedding
 
 __all__ = ["MultiHeadLatentAttention"]
@@ -278,20 +279,35 @@ class MultiHeadLatentAttention(nn.Module):
         (``attn_impl="absorb"``); multiplying ``W_uk_i^T W_q_i`` out first gives the same.
         """
         h = self.num_heads
+        batch, _, length, _ = q.shape
+        num_keys = latent.size(1)
         W_uk = self.W_uk.weight.view(h, self.d_head, self.d_latent)
         W_uv = self.W_uv.weight.view(h, self.d_v, self.d_latent)
         q_latent = torch.einsum("bhtd,hdc->bhtc", q, W_uk)  # (B, h, T, d_latent)
         if q_rope is not None:
-            q_latent = torch.cat([q_latent, q_rope], dim=-1)
+            q_latent = torch.cat([q_latent, q_rope], dim=-1)  # (B, h, T, d_latent + d_rope)
         # `attend` scales by 1/sqrt(its query size, d_latent + d_rope); the scores must be
         # scaled by 1/sqrt(d_head + d_rope) as in the naive form: rescale the queries.
         q_latent = q_latent * math.sqrt(self.d_cache / (self.d_head + self.d_rope))
-        keys = latent.unsqueeze(1)  # (B, 1, S, d_latent + d_rope): one head for all
-        values = keys[..., : self.d_latent]  # (B, 1, S, d_latent)
-        heads, weights = attention.attend(
-            q_latent, keys, values, mask, need_weights=need_weights, dropout_p=dropout_p
+        # Every head attends to the same keys [c ; k_rope] and values c: one key/value
+        # head. So the h heads are just h * T query rows over it (as FlashMLA does): no
+        # copy of the keys per head. The values are the keys too, whose first d_latent
+        # features are c: equal sizes let PyTorch use its fused kernel.
+        check_mask(mask, (batch, h, length, num_keys), q.device)
+        rows_mask = None
+        if mask is not None:
+            rows_mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+            rows_mask = rows_mask.expand(rows_mask.size(0), h, length, num_keys)
+            rows_mask = rows_mask.reshape(-1, 1, h * length, num_keys)
+        keys = latent.unsqueeze(1)  # (B, 1, S, d_latent + d_rope)
+        rows = q_latent.reshape(batch, 1, h * length, self.d_cache)
+        out, weights = attention.attend(
+            rows, keys, keys, rows_mask, need_weights=need_weights, dropout_p=dropout_p
         )
-        return torch.einsum("bhtc,hvc->bhtv", heads, W_uv), weights
+        out = out[..., : self.d_latent].reshape(batch, h, length, self.d_latent)
+        if weights is not None:
+            weights = weights.reshape(batch, h, length, num_keys)
+        return torch.einsum("bhtc,hvc->bhtv", out, W_uv), weights
 
     # -- helpers ---------------------------------------------------------------------
     def _split(self, x: torch.Tensor, size: int) -> torch.Tensor:

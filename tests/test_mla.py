@@ -117,6 +117,29 @@ def test_absorbed_equals_naive(kwargs):
     torch.testing.assert_close(fused, naive, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+def test_absorbed_equals_naive_with_every_mask_shape(need_weights):
+    """Padding (batch, 1, 1, S), per-head (batch, h, T, S), a key row (1, S), and a query
+    with no key at all (zero output, never NaN)."""
+    mla = _mla()
+    x = torch.randn(2, 5, D_MODEL, dtype=torch.float64)
+    per_head = torch.rand(2, NUM_HEADS, 5, 5) > 0.4
+    per_head[1, 2, 3] = False  # head 2 of sequence 1: query 3 sees nothing
+    masks = [
+        mhbook.padding_mask(torch.tensor([5, 3]), 5),
+        per_head,
+        torch.tensor([[True, False, True, True, False]]),  # (1, S): one row for all
+        mhbook.causal_mask(5) & mhbook.padding_mask(torch.tensor([4, 2]), 5),
+    ]
+    for mask in masks:
+        mla.absorb = False
+        naive = mla(x, mask, need_weights=need_weights)
+        mla.absorb = True
+        absorbed = mla(x, mask, need_weights=need_weights)
+        torch.testing.assert_close(absorbed, naive, rtol=0, atol=1e-12)
+    assert not torch.isnan(absorbed[0] if need_weights else absorbed).any()
+
+
 def test_absorbed_equals_folded_matrices():
     """Multiply the folds out: W_uk_i^T W_q_i on the query side, W_o_i W_uv_i on the output."""
     mla = _mla(d_rope=0, d_q_latent=None).eval()
