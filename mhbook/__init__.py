@@ -10,7 +10,7 @@ imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
 
 import importlib
 
-from . import alibi, bleu, config, data, rope, train
+from . import alibi, bleu, config, data, lm, lm_data, rope, train
 from .alibi import ALiBi, alibi_slopes
 from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
@@ -20,6 +20,8 @@ from .config import BOOK_CONFIG, FAST_CONFIG, Config, DataConfig, ModelConfig, T
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
 from .gqa import GroupedQueryAttention
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
+from .lm import DecoderOnlyBlock, DecoderOnlyLM, make_attention
+from .lm_data import LMBatch, PromptCompletion, completion_loss, evaluate_lm
 from .masks import causal_mask, check_mask, padding_mask
 from .mla import MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
@@ -109,6 +111,14 @@ __all__ = [
     "TransformerDecoder",
     "Transformer",
     "record_attention",
+    # the decoder-only language model
+    "make_attention",
+    "DecoderOnlyBlock",
+    "DecoderOnlyLM",
+    "PromptCompletion",
+    "LMBatch",
+    "completion_loss",
+    "evaluate_lm",
     "KVCache",
     "LayerCache",
     # configurations
@@ -167,6 +177,8 @@ __all__ = [
     "bleu",
     "config",
     "data",
+    "lm",
+    "lm_data",
     "explorers",
     "plot",
     "rope",
