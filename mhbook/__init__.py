@@ -10,7 +10,7 @@ imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
 
 import importlib
 
-from . import alibi, bleu, config, data, launch, lm, lm_data, parallel, rope, train
+from . import alibi, bleu, config, data, launch, lm, lm_data, mla, parallel, rope, train
 from .alibi import ALiBi, alibi_slopes
 from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
@@ -23,6 +23,7 @@ from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_enc
 from .lm import DecoderOnlyBlock, DecoderOnlyLM, make_attention
 from .lm_data import LMBatch, PromptCompletion, completion_loss, evaluate_lm
 from .masks import causal_mask, check_mask, padding_mask
+from .mla import MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
 from .parallel import TensorParallelMultiHeadAttention
 from .rope import RotaryEmbedding
@@ -96,6 +97,7 @@ __all__ = [
     "MultiHeadAttention",
     "GroupedQueryAttention",
     "TensorParallelMultiHeadAttention",
+    "MultiHeadLatentAttention",
     # position inside attention
     "RotaryEmbedding",
     "ALiBi",
@@ -179,6 +181,7 @@ __all__ = [
     "data",
     "lm",
     "lm_data",
+    "mla",
     "explorers",
     "launch",
     "parallel",

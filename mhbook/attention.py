@@ -100,13 +100,18 @@ def attend(
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p!r}")
     group = h // k.size(1)
-    if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     if need_weights:
+        if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         return _explicit_attention(q, k, v, mask, dropout_p, bias)
+    # The fused kernel maps query head i to key/value head i // group itself
+    # (enable_gqa): no copy of the keys and values per query head, which would undo
+    # what sharing them saves in memory traffic.
+    gqa = {"enable_gqa": True} if group > 1 else {}
     if mask is None:
         attn_mask = None if bias is None else bias.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p), None
+        output = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p, **gqa)
+        return output, None
     # A query with no key to attend to must give zero output and zero gradient on every
     # backend: let the kernel see all keys for such rows (so no backend meets an empty
     # row), then zero them.
@@ -114,7 +119,9 @@ def attend(
     attn_mask = mask | ~has_key
     if bias is not None:  # a float mask: the bias where allowed, -inf where masked
         attn_mask = bias.to(q.dtype).masked_fill(~attn_mask, float("-inf"))
-    output = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    output = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, **gqa
+    )
     return output.masked_fill(~has_key, 0.0), None
 
 
