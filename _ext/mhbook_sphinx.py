@@ -204,6 +204,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("build-finished", _copy_mathjax)
     app.connect("html-page-context", _drop_unused_thebe)
     app.add_css_file("mhbook-mathjax2.css")
+    app.add_css_file("mhbook-figures.css")
     app.add_directive("mhbook-api", PackageApi)
     app.connect("missing-reference", _resolve_reexports)
     app.connect("autodoc-skip-member", _skip_namedtuple_fields)
