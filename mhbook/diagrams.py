@@ -223,7 +223,7 @@ def draw_multihead(num_heads: int = 4, title: str | None = "Multi-head attention
     if not 1 <= num_heads <= len(HEAD_COLOURS):
         raise ValueError(f"num_heads must be between 1 and {len(HEAD_COLOURS)}, got {num_heads}")
     colours = HEAD_COLOURS[:num_heads]
-    fig, ax = _new_axes((13.0, 5.9), (-0.3, 27.4), (-0.4, 11.6))
+    fig, ax = _new_axes((10.8, 4.9), (-0.3, 28.4), (-0.4, 11.6))
     mw, mh = 3.0, 1.9  # an (L, d_model) matrix
     bw = mw / num_heads  # one head's d_head columns
 
@@ -237,8 +237,8 @@ def draw_multihead(num_heads: int = 4, title: str | None = "Multi-head attention
         _matrix(ax, 5.2, y, mw, mh, colours, label=f"{name}  (L, d_model)")
 
     # split_heads: every head gets its own block of columns of Q, K and V
-    _arrow(ax, (8.6, 5.65), (10.0, 5.65), lw=2.0)
-    ax.text(9.3, 5.85, "split_heads", ha="center", va="bottom", fontsize=10)
+    _arrow(ax, (8.6, 5.65), (11.0, 5.65), lw=2.0)
+    ax.text(9.8, 5.85, "split_heads", ha="center", va="bottom", fontsize=10)
     ax.text(
         5.2 + mw / 2,
         0.75,
@@ -251,35 +251,35 @@ def draw_multihead(num_heads: int = 4, title: str | None = "Multi-head attention
     slot = span / num_heads
     hh = min(1.5, 0.72 * slot)
     head_ys = [0.6 + slot * (num_heads - 1 - i + 0.5) for i in range(num_heads)]
-    hx, hw = 16.3, 5.4
+    hx, hw = 17.3, 5.4
     sw = min(bw, 0.75)  # a head's block, drawn narrower when there are few heads
     for i, (c, y) in enumerate(zip(colours, head_ys)):
         n = i + 1
-        formula = rf"$\mathrm{{softmax}}(Q_{n} K_{n}^\top / \sqrt{{d_\mathrm{{head}}}})\,V_{n}$"
+        formula = rf"$\mathrm{{Attention}}(Q_{n}, K_{n}, V_{n})$"
         for j, name in enumerate("QKV"):
-            x = 10.3 + j * 0.95
+            x = 11.3 + j * 0.95
             ax.add_patch(Rectangle((x, y - hh / 2), sw, hh, fc=c, ec="black", lw=0.8, alpha=0.85))
             ax.text(x + sw / 2, y, f"{name}{i + 1}", ha="center", va="center", fontsize=8)
-        _arrow(ax, (13.2, y), (hx - hw / 2 - 0.05, y))
+        _arrow(ax, (14.2, y), (hx - hw / 2 - 0.05, y))
         _box(
             ax,
             hx,
             y,
             hw,
             hh,
-            f"head {n}: {formula}",
+            f"head {n} = {formula}",
             "white",
             fontsize=9,
         )
         ax.patches[-1].set_edgecolor(c)
         ax.patches[-1].set_linewidth(2.0)
-        _arrow(ax, (hx + hw / 2 + 0.05, y), (19.5, y))
-        ax.add_patch(Rectangle((19.55, y - hh / 2), sw, hh, fc=c, ec="black", lw=0.8, alpha=0.85))
+        _arrow(ax, (hx + hw / 2 + 0.05, y), (20.5, y))
+        ax.add_patch(Rectangle((20.55, y - hh / 2), sw, hh, fc=c, ec="black", lw=0.8, alpha=0.85))
     ax.text(hx, 11.0, "all heads attend in parallel", ha="center", va="center", fontsize=10)
 
     # merge_heads (the concatenation) and W_o
-    cx = 21.2
-    _arrow(ax, (19.65 + sw, 5.65), (cx - 0.1, 5.65), lw=2.0)
+    cx = 22.2
+    _arrow(ax, (20.65 + sw, 5.65), (cx - 0.1, 5.65), lw=2.0)
     _matrix(ax, cx, 4.7, mw, mh, colours, label="concat  (L, d_model)", below="merge_heads")
     _arrow(ax, (cx + mw + 0.1, 4.7 + mh / 2), (cx + mw + 0.9, 4.7 + mh / 2))
     ax.text(cx + mw + 0.5, 4.7 + mh / 2 + 0.15, "W_o", ha="center", va="bottom", fontsize=10)
@@ -313,9 +313,7 @@ def draw_kv_cache(
     v_x0 = k_x0 + steps * cell + 1.4
     width = v_x0 + steps * cell + 2.6
     height = steps * gap_y + 1.9
-    fig, ax = _new_axes(
-        (max(8.0, 0.68 * width), 0.72 * height + 0.6), (-0.3, width), (-0.9, height)
-    )
+    fig, ax = _new_axes((max(7.0, 0.5 * width), 0.55 * height + 0.6), (-0.3, width), (-1.4, height))
     new_colour, cached_colour = HEAD_COLOURS[1], "#d9d9d9"
     top = steps * gap_y
     for x0, name in ((k_x0, "keys"), (v_x0, "values")):
@@ -325,7 +323,7 @@ def draw_kv_cache(
             top + 0.45,
             "(batch, num_heads, t, d_head)",
             ha="center",
-            fontsize=9,
+            fontsize=10,
         )
     for t in range(1, steps + 1):
         y = top - t * gap_y + 0.3
@@ -351,7 +349,7 @@ def draw_kv_cache(
                         tokens[j],
                         ha="center",
                         va="top",
-                        fontsize=8,
+                        fontsize=10,
                         rotation=30 if max(map(len, tokens)) > 4 else 0,
                     )
         ax.text(
@@ -360,12 +358,12 @@ def draw_kv_cache(
             f"query {t} attends\nto {t} key{'s' if t > 1 else ''}",
             ha="left",
             va="center",
-            fontsize=8,
+            fontsize=10,
         )
-    ax.add_patch(Rectangle((0.0, -0.8), 0.5, 0.3, fc=new_colour, ec="black", lw=0.8))
-    ax.text(0.65, -0.65, "projected at this step", va="center", fontsize=9)
-    ax.add_patch(Rectangle((4.6, -0.8), 0.5, 0.3, fc=cached_colour, ec="black", lw=0.8))
-    ax.text(5.25, -0.65, "read from the cache", va="center", fontsize=9)
+    ax.add_patch(Rectangle((0.0, -1.3), 0.5, 0.3, fc=new_colour, ec="black", lw=0.8))
+    ax.text(0.65, -1.15, "projected at this step", va="center", fontsize=10)
+    ax.add_patch(Rectangle((4.6, -1.3), 0.5, 0.3, fc=cached_colour, ec="black", lw=0.8))
+    ax.text(5.25, -1.15, "read from the cache", va="center", fontsize=10)
     if title:
         ax.set_title(title, fontsize=13)
     return fig

@@ -118,7 +118,7 @@ def test_multihead_diagram(num_heads):
     assert_labels(fig, "X_q", "W_q", "W_k", "W_v", "W_o", "split_heads", "merge_heads", "concat")
     assert_labels(fig, f"{num_heads} blocks of d_head = d_model / {num_heads} columns")
     heads = [t for t in texts(fig) if t.startswith("head ")]
-    assert [h.split(":")[0] for h in heads] == [f"head {i + 1}" for i in range(num_heads)]
+    assert [h.split(" = ")[0] for h in heads] == [f"head {i + 1}" for i in range(num_heads)]
     for i in range(num_heads):  # each head gets its own block of Q, K and V
         assert_labels(fig, f"Q{i + 1}", f"K{i + 1}", f"V{i + 1}")
     assert_no_text_overlaps(fig)
