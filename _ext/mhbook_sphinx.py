@@ -199,11 +199,22 @@ class PackageApi(SphinxDirective):
         return container.children
 
 
+def _citations_as_list_items(app: Sphinx, pagename, templatename, context, doctree) -> None:
+    """docutils writes the bibliography as ``<div role="list">`` of entries with
+    ``role="doc-biblioentry"``, a role ARIA does not allow inside a list (axe-core's critical
+    ``aria-required-children``): make each entry a ``listitem``."""
+    body = context.get("body")
+    if body and 'role="doc-biblioentry"' in body:
+        context["body"] = body.replace('role="doc-biblioentry"', 'role="listitem"')
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _use_offline_mathjax)
     app.connect("build-finished", _copy_mathjax)
     app.connect("html-page-context", _drop_unused_thebe)
+    app.connect("html-page-context", _citations_as_list_items)
     app.add_css_file("mhbook-mathjax2.css")
+    app.add_css_file("mhbook-figures.css")
     app.add_directive("mhbook-api", PackageApi)
     app.connect("missing-reference", _resolve_reexports)
     app.connect("autodoc-skip-member", _skip_namedtuple_fields)

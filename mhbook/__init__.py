@@ -3,9 +3,9 @@
 Everything a chapter needs is re-exported here, e.g. ``mhbook.MultiHeadAttention``;
 the modules are importable too (``mhbook.plot``, ``mhbook.data``, ...).
 
-``import mhbook`` is cheap: the plots (matplotlib) and the explorers (ipywidgets) are
-imported the first time one of their names is used, e.g. ``mhbook.plot_heatmap``
-(PEP 562, the module's ``__getattr__`` below).
+``import mhbook`` is cheap: the plots and diagrams (matplotlib) and the explorers
+(ipywidgets) are imported the first time one of their names is used, e.g.
+``mhbook.plot_heatmap`` (PEP 562, the module's ``__getattr__`` below).
 """
 
 import importlib
@@ -52,9 +52,13 @@ from .utils import (
     save_checkpoint,
     set_seed,
     to_numpy,
+    use_sharp_figures,
 )
 
 __version__ = "0.1.0"
+
+# In Jupyter, figures are retina PNGs (sharp on HiDPI screens); nothing happens elsewhere.
+use_sharp_figures()
 
 # Imported on first use: name -> the module (of this package) that defines it.
 _LAZY = {
@@ -64,6 +68,10 @@ _LAZY = {
     "plot_mask": "plot",
     "plot_history": "plot",
     "plot_lines": "plot",
+    "diagrams": "diagrams",
+    "draw_transformer": "diagrams",
+    "draw_multihead": "diagrams",
+    "draw_kv_cache": "diagrams",
     "explorers": "explorers",
     "attention_explorer": "explorers",
     "attention_explorer_html": "explorers",
@@ -163,12 +171,16 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "to_numpy",
+    "use_sharp_figures",
     # plots and explorers (imported on first use)
     "plot_heatmap",
     "plot_attention_grid",
     "plot_mask",
     "plot_history",
     "plot_lines",
+    "draw_transformer",
+    "draw_multihead",
+    "draw_kv_cache",
     "attention_explorer",
     "attention_explorer_html",
     "explorer_weights",
@@ -182,6 +194,7 @@ __all__ = [
     "lm",
     "lm_data",
     "mla",
+    "diagrams",
     "explorers",
     "launch",
     "parallel",

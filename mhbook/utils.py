@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ __all__ = [
     "to_numpy",
     "describe_machine",
     "glue",
+    "use_sharp_figures",
 ]
 
 
@@ -126,3 +128,37 @@ def to_numpy(x, name: str = "x") -> np.ndarray:
             x = x.float()
         return x.numpy()
     return np.asarray(x)
+
+
+def use_sharp_figures(formats=None) -> bool:
+    """Have Jupyter show matplotlib figures sharp on HiDPI screens (``import mhbook`` calls it).
+
+    In an IPython kernel (Jupyter, Colab, the book's build) this sets the inline backend's
+    ``figure_formats``, as ``%config InlineBackend.figure_formats = ['retina']`` would: each
+    figure is stored as a PNG of twice the resolution, with its display size in the output's
+    metadata. It imports neither matplotlib nor IPython: outside a running IPython it does
+    nothing. Before pyplot is imported the setting waits in the backend's configuration.
+
+    Args:
+        formats: figure formats, e.g. ``("retina",)`` or ``("png",)``; default
+            ``$MHBOOK_FIGURE_FORMATS`` (comma-separated) or ``retina``. Keep PNG-based
+            formats: nbval compares SVG outputs as text, PNG ones not.
+
+    Returns:
+        Whether an IPython shell was found and configured.
+    """
+    if formats is None:
+        formats = os.environ.get("MHBOOK_FIGURE_FORMATS", "retina").split(",")
+    formats = {f.strip() for f in formats if f.strip()}
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not formats:
+        return False
+    try:
+        from matplotlib_inline.config import InlineBackend  # imports no matplotlib
+    except ImportError:
+        return False
+    # The singleton the inline backend reads when pyplot is imported; once the backend
+    # is active, setting the trait re-registers the formatters at once.
+    InlineBackend.instance(parent=shell).figure_formats = formats
+    return True

@@ -3,8 +3,10 @@
 The book is built from the committed outputs (no execution: nbval proves they equal a fresh
 run) with ``-W -n --keep-going``, served on 127.0.0.1, and each page is checked: its title,
 no traceback in any output, typeset math, loaded images, a Colab button that opens *this*
-chapter, no request leaving 127.0.0.1, no JavaScript error. Chapter 1's attention explorer is
-moved with the keyboard and must redraw, with the weights of ``mhbook.explorer_weights``.
+chapter, no request leaving 127.0.0.1, no JavaScript error, and no serious or critical
+accessibility violation found by axe-core (the copy that the pinned ``axe-playwright-python``
+ships). Chapter 1's attention explorer is moved with the keyboard and must redraw, with the
+weights of ``mhbook.explorer_weights``.
 
 Chromium is Debian's (``apt-get install chromium``); Playwright only drives it, nothing is
 downloaded. Without Chromium the browser checks are skipped, unless ``CI`` is set: then they
@@ -387,3 +389,51 @@ def test_attention_explorer_moves(visit):
     _agrees_with_python(focused)
     root.screenshot(path=str(SCREENSHOTS / "explorer-after-moving.png"))
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
+
+
+# --------------------------------------------------------------------------- accessibility
+
+# axe-core, the accessibility engine of Deque, as the pinned axe-playwright-python ships it
+# (its axe.min.js is injected into the page: nothing is fetched). Violations of impact
+# "serious" or "critical" fail the test.
+AXE_FAILING_IMPACTS = {"serious", "critical"}
+# Known violations that come from the theme (sphinx-book-theme / pydata-sphinx-theme), not from
+# the book's content, as {rule id: reason}; each is checked against the CSS selectors of the
+# elements it flags, so a new violation of the same rule in the book's own content still fails.
+AXE_THEME_ALLOWED: dict[str, tuple[str, str]] = {}
+
+
+def _axe_violations(tab) -> list[dict]:
+    try:
+        from axe_playwright_python.sync_playwright import Axe
+    except ImportError:
+        _no_browser("axe-playwright-python is not installed (pip install -r requirements.txt)")
+    tab.evaluate(WAIT_FOR_MATHJAX)  # judge the page as the reader sees it, math typeset
+    results = Axe().run(tab, options={"resultTypes": ["violations"]}).response
+    found = []
+    for violation in results["violations"]:
+        if violation["impact"] not in AXE_FAILING_IMPACTS:
+            continue
+        allowed = AXE_THEME_ALLOWED.get(violation["id"])
+        nodes = [
+            node
+            for node in violation["nodes"]
+            if allowed is None or not any(allowed[0] in target for target in node["target"])
+        ]
+        if nodes:
+            found.append({**violation, "nodes": nodes})
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.file for p in PAGES])
+def test_page_accessibility(page, visit):
+    """axe-core finds no serious or critical violation on the page (theme issues aside)."""
+    tab = visit.open(page.html)
+    violations = _axe_violations(tab)
+    if violations:
+        lines = []
+        for v in violations:
+            lines.append(f"{v['id']} ({v['impact']}, {len(v['nodes'])}x): {v['help']}")
+            for node in v["nodes"][:3]:
+                lines.append(f"    {', '.join(node['target'])}: {node['html'][:160]}")
+        pytest.fail(f"{page.html}: axe-core violations:\n  " + "\n  ".join(lines), pytrace=False)

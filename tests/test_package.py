@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from fnmatch import fnmatch
@@ -78,3 +79,35 @@ def test_glue_hands_plain_numbers_to_myst_nb(monkeypatch):
     mhbook.glue("c", "decoder layer 2")
     assert glued == {"a": 0.5, "b": 3, "c": "decoder layer 2"}
     assert type(glued["a"]) is float and type(glued["b"]) is int
+
+
+def test_figures_are_retina_pngs_in_ipython():
+    """``import mhbook`` in an IPython shell makes matplotlib figures retina PNGs (twice the
+    pixels, display size in the metadata); outside IPython it changes nothing."""
+    code = (
+        "import base64, json, struct\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "shell = InteractiveShell.instance()\n"
+        "import mhbook\n"
+        "from matplotlib_inline.config import InlineBackend\n"
+        "import matplotlib\n"
+        "matplotlib.use('module://matplotlib_inline.backend_inline')\n"
+        "import matplotlib.pyplot as plt\n"
+        "from matplotlib_inline.backend_inline import configure_inline_support\n"
+        "configure_inline_support(shell, 'inline')\n"
+        "fig, ax = plt.subplots(figsize=(4, 3), dpi=100)\n"
+        "png, shown = shell.display_formatter.formatters['image/png'](fig)\n"
+        "png = base64.b64decode(png) if isinstance(png, str) else png\n"
+        "print(json.dumps({'formats': sorted(InlineBackend.instance().figure_formats),\n"
+        "    'pixels': struct.unpack('>II', png[16:24]), 'shown': shown}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout)
+    assert out["formats"] == ["retina"]
+    width, height = out["pixels"]
+    assert (width // 2, height // 2) == (out["shown"]["width"], out["shown"]["height"]), out
+    assert width > 700, out  # twice the 4 inches x 100 dpi (less bbox_inches="tight")
+    assert mhbook.use_sharp_figures() is False  # no IPython shell in this process
