@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .masks import check_mask
+from .masks import causal_mask, check_mask
 
 __all__ = ["scaled_dot_product_attention", "attend"]
 
@@ -61,6 +61,7 @@ def attend(
     *,
     need_weights: bool = False,
     dropout_p: float = 0.0,
+    is_causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of ``h`` query heads over ``h_kv`` key/value heads.
 
@@ -77,6 +78,10 @@ def attend(
         need_weights: compute the weights explicitly and return them. Otherwise
             PyTorch's fused kernel runs and never stores the ``(L, S)`` weights.
         dropout_p: dropout on the attention weights; pass ``0.0`` in eval mode.
+        is_causal: also apply :func:`~mhbook.causal_mask` ``(L, S)`` (bottom-right
+            aligned, so ``S >= L``), as if ``mask & causal_mask(L, S)`` were passed.
+            Without another mask and with ``L == S`` the fused kernel then skips the
+            masked blocks and no mask is built.
 
     Returns:
         ``(output, weights)``: output ``(batch, h, L, d_v)``; weights
@@ -88,17 +93,25 @@ def attend(
     an accelerator.
     """
     _check_heads(q, k, v)
-    batch, h, length, _ = q.shape
-    check_mask(mask, (batch, h, length, k.size(2)), q.device)
+    batch, h, length, num_keys = *q.shape[:3], k.size(2)
+    check_mask(mask, (batch, h, length, num_keys), q.device)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p!r}")
     group = h // k.size(1)
     if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if is_causal and length == 1:  # one query, aligned bottom-right: it sees every key
+        is_causal = False
+    if is_causal and (mask is not None or need_weights or length != num_keys):
+        # PyTorch's is_causal aligns top-left: only for L == S is it our causal mask.
+        causal = causal_mask(length, num_keys, device=q.device)
+        mask = causal if mask is None else mask & causal
+        is_causal = False
     if need_weights:
         return _explicit_attention(q, k, v, mask, dropout_p)
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+    if mask is None:  # no query lacks a key, not even with is_causal (its diagonal is kept)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+        return out, None
     # A query with no key to attend to must give zero output and zero gradient on every
     # backend: let the kernel see all keys for such rows (so no backend meets an empty
     # row), then zero them.

@@ -11,6 +11,12 @@ from torch import nn
 __all__ = ["sinusoidal_encoding", "PositionalEncoding", "PositionWiseFFN", "AddNorm"]
 
 
+def _drop(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """``dropout(x)``, skipped where it would return ``x`` anyway (eval mode, or ``p = 0``):
+    a training step then runs no dropout op it does not need."""
+    return dropout(x) if dropout.training and dropout.p > 0 else x
+
+
 def sinusoidal_encoding(
     num_positions: int,
     d_model: int,
@@ -56,7 +62,7 @@ class PositionalEncoding(nn.Module):
                 f"expected x of shape (batch, length, d_model={self.d_model}), got {tuple(x.shape)}"
             )
         P = sinusoidal_encoding(x.size(1), self.d_model, offset, device=x.device, dtype=x.dtype)
-        return self.dropout(x + P)
+        return _drop(self.dropout, x + P)
 
 
 class PositionWiseFFN(nn.Module):
@@ -72,7 +78,7 @@ class PositionWiseFFN(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+        return self.linear2(_drop(self.dropout, torch.relu(self.linear1(x))))
 
 
 class AddNorm(nn.Module):
@@ -101,5 +107,5 @@ class AddNorm(nn.Module):
         self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
         if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            return x + _drop(self.dropout, sublayer(self.norm(x)))
+        return self.norm(x + _drop(self.dropout, sublayer(x)))

@@ -346,13 +346,9 @@ def fit(
             for step, batch in zip(range(1, config.num_steps + 1), batches):
                 start = time.perf_counter()
                 lr = optimizer.param_groups[0]["lr"]
-                loss, n_tokens = loss_fn(model, batch)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if config.clip_norm is not None:
-                    nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
-                optimizer.step()
-                scheduler.step()
+                loss, n_tokens = _train_step(
+                    model, batch, loss_fn, optimizer, scheduler, config.clip_norm
+                )
                 loss_value = loss.item()  # waits for the device, so the timing is honest
                 seconds = time.perf_counter() - start
                 log.train_step(step, loss_value, lr, int(n_tokens), seconds)
@@ -364,6 +360,20 @@ def fit(
             log.close()
             model.eval()
     return log.history
+
+
+def _train_step(model, batch, loss_fn, optimizer, scheduler, clip_norm):
+    """One optimisation step of :func:`fit` (also what ``python -m mhbook.bench`` times):
+    loss, backward, clipping, a step of the optimizer and of the learning rate.
+    Returns ``loss_fn``'s ``(loss, n_tokens)``."""
+    loss, n_tokens = loss_fn(model, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_norm is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    scheduler.step()
+    return loss, n_tokens
 
 
 def _train_config(config: TrainConfig | None, overrides: dict) -> TrainConfig:
