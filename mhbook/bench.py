@@ -374,7 +374,10 @@ def bench_training_vs_d2l(
     def run_ours():
         for i in range(steps):
             b = batches[i % num_batches]
-            train._train_step(ours, b, loss_fn, optimizer, scheduler, config.train.clip_norm)
+            loss, n_tokens = train._train_step(
+                ours, b, loss_fn, optimizer, scheduler, config.train.clip_norm
+            )
+            loss.item(), int(n_tokens)  # what fit logs
 
     def run_theirs():
         for i in range(steps):
@@ -525,7 +528,7 @@ def main(argv: list[str] | None = None) -> None:
             ],
         )
     if "e" in sections:
-        rounds, steps = (2, 2) if args.quick else (7, 10)
+        rounds, steps = (2, 2) if args.quick else (15, 10)
         r = bench_training_vs_d2l(device, rounds, steps)
         c = D2L_CONFIG
         _print_table(

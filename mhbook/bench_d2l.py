@@ -436,7 +436,10 @@ def d2l_transformer(
 
 
 def train_step(net, optimizer, loss, X, X_valid_len, Y, Y_valid_len, bos_id):
-    """One step of D2L's ``train_seq2seq`` loop on one batch; returns the summed loss."""
+    """One step of D2L's ``train_seq2seq`` loop on one batch.
+
+    Returns what the loop adds to its ``metric`` (a ``d2l.Accumulator``, which keeps
+    floats): the summed loss and the number of target tokens."""
     optimizer.zero_grad()
     bos = torch.tensor([bos_id] * Y.shape[0], device=Y.device).reshape(-1, 1)
     dec_input = torch.cat([bos, Y[:, :-1]], 1)  # teacher forcing
@@ -444,5 +447,7 @@ def train_step(net, optimizer, loss, X, X_valid_len, Y, Y_valid_len, bos_id):
     l = loss(Y_hat, Y, Y_valid_len)  # noqa: E741 (D2L's name)
     l.sum().backward()  # the loss is a scalar for backward
     grad_clipping(net, 1)
+    num_tokens = Y_valid_len.sum()
     optimizer.step()
-    return l.sum()
+    with torch.no_grad():
+        return float(l.sum()), float(num_tokens)

@@ -369,8 +369,9 @@ def _train_step(model, batch, loss_fn, optimizer, scheduler, clip_norm):
     loss, n_tokens = loss_fn(model, batch)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    if clip_norm is not None:
-        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    if clip_norm is not None:  # the optimizer's parameters: no walk through the modules
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        nn.utils.clip_grad_norm_(params, clip_norm)
     optimizer.step()
     scheduler.step()
     return loss, n_tokens

@@ -254,7 +254,7 @@ def _check_tokens(name: str, t: torch.Tensor, vocab_size: int | None = None) -> 
     if t.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
         raise TypeError(f"{name} must hold integer token ids, got dtype {t.dtype}")
     if vocab_size is not None and t.device.type == "cpu" and t.numel() > 0:
-        low, high = int(t.min()), int(t.max())
+        low, high = (int(v) for v in torch.aminmax(t))
         if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"{name} holds token ids from {low} to {high}, but the vocabulary has "
