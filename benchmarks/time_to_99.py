@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--every", type=int, default=25, help="evaluate every this many steps")
+    parser.add_argument("--first", type=int, default=0, help="no evaluation before this step")
     parser.add_argument("--target", type=float, default=0.99, help="exact match to reach")
     parser.add_argument("--source", default=None, help="a checkout whose mhbook/ to import instead")
     args = parser.parse_args(argv)
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         if model.training:  # (fit's own validation is off: eval_every=0)
             if not start:
                 start.update(wall=time.perf_counter(), cpu=time.process_time())
-            if hit is None and steps > 0 and steps % args.every == 0:
+            if hit is None and steps >= max(1, args.first) and steps % args.every == 0:
                 wall, cpu = time.perf_counter(), time.process_time()
                 trained = {  # since the start, less the earlier evaluations
                     "wall": wall - start["wall"] - evaluation["wall"],
