@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> None:
     from mhbook import BOOK_CONFIG
 
     config = BOOK_CONFIG
+    # The first step of PyTorch's fused AdamW imports torch.distributed.tensor (seconds):
+    # take that one-off cost here, before the clock starts.
+    warm = torch.nn.Linear(1, 1)
+    warm(torch.ones(1)).sum().backward()
+    mhbook.make_optimizer(warm, config.train).step()
     data = mhbook.make_data(config)
     pad_id = data.tgt_vocab.pad_id
     mhbook.set_seed(config.train.seed)  # as book_model does
