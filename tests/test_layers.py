@@ -120,7 +120,8 @@ def test_positional_encoding_keeps_its_table_and_adds_the_right_rows():
     assert pe._table is table  # no new table for positions it holds
     torch.testing.assert_close(pe(x[:1, :1], offset=6), mhbook.sinusoidal_encoding(1, 8, 6)[None])
     assert pe._table.shape == (7, 8)  # grew: at least the 7 positions needed
-    assert pe(torch.zeros(1, 2, 8, dtype=torch.float64)).dtype == torch.float64
+    P64 = mhbook.sinusoidal_encoding(2, 8, dtype=torch.float64)  # not float32's, widened
+    assert torch.equal(pe(torch.zeros(1, 2, 8, dtype=torch.float64)), P64[None])
     assert "_table" not in pe.state_dict() and not list(pe.buffers())
 
 
