@@ -122,7 +122,8 @@ def test_positional_encoding_keeps_its_table_and_adds_the_right_rows():
     assert pe._table.shape == (7, 8)  # grew: at least the 7 positions needed
     P64 = mhbook.sinusoidal_encoding(2, 8, dtype=torch.float64)  # not float32's, widened
     assert torch.equal(pe(torch.zeros(1, 2, 8, dtype=torch.float64)), P64[None])
-    assert pe(torch.zeros(1, 2, 8, device="meta")).device.type == "meta"  # a new device
+    on_meta = torch.zeros(1, 2, 8, dtype=torch.float64, device="meta")  # same dtype, new device
+    assert pe(on_meta).device.type == "meta"
     assert "_table" not in pe.state_dict() and not list(pe.buffers())
 
 
