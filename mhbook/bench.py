@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> None:
             ],
         )
     if "e" in sections:
-        rounds, steps = (2, 2) if args.quick else (15, 10)
+        rounds, steps = (2, 2) if args.quick else (21, 10)
         r = bench_training_vs_d2l(device, rounds, steps)
         c = D2L_CONFIG
         _print_table(
