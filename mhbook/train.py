@@ -64,9 +64,10 @@ __all__ = [
     "book_model",
 ]
 
-# Bumped whenever fit's arithmetic changes (version 2: the fused AdamW), so that book_model
-# trains again over a checkpoint that this code would not reproduce.
-_TRAINER_VERSION = 2
+# Bumped whenever fit's arithmetic changes (version 2: the fused AdamW; 3: the decoder's
+# self-attention with is_causal, dropout only where the paper puts it, drawn with
+# rand_like), so that book_model trains again over a checkpoint this code would not reproduce.
+_TRAINER_VERSION = 3
 
 #: ``loss_fn(model, batch) -> (loss, n_tokens)``: the mean loss over ``n_tokens`` tokens.
 LossFn = Callable[[nn.Module, object], "tuple[torch.Tensor, torch.Tensor | int]"]
