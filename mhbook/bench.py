@@ -1,6 +1,6 @@
 """Benchmarks of the book's code against PyTorch's, run as ``python -m mhbook.bench``.
 
-Four tables, all measured in one run on one machine:
+Five tables, all measured in one run on one machine (``--only NAME`` for one of them):
 
 (a) forward + backward time of :class:`mhbook.MultiHeadAttention` against
     :class:`torch.nn.MultiheadAttention` (same weights, ``need_weights=False`` for both);
@@ -9,11 +9,16 @@ Four tables, all measured in one run on one machine:
     as the sequence length grows;
 (c) training throughput (target tokens per second) of the book's :class:`mhbook.Transformer`
     (``BOOK_CONFIG.model``) with the book's optimizer (:func:`mhbook.make_optimizer`);
-(d) greedy decoding time with and without the KV cache, same model with random weights.
+(d) greedy decoding time with and without the KV cache, same model with random weights;
+(e) target tokens per second of the book's training step (:func:`mhbook.fit`'s) against
+    that of Dive into Deep Learning's Transformer code (:mod:`mhbook.bench_d2l`, written
+    for this comparison) at D2L's own configuration, and their ratio.
 
 Timing: each side is warmed up, then the sides are run in alternating order, round after
 round, so that noise from other processes hits both; a table shows the median round.
-``--quick`` runs tiny sizes in a few seconds (a smoke test, not a measurement).
+Two threads that share their cores with other busy processes wait for each other: time
+on an otherwise quiet machine. ``--quick`` runs tiny sizes in a few seconds (a smoke
+test, not a measurement).
 """
 
 from __future__ import annotations
