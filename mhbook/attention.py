@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .masks import check_mask
+from .masks import causal_mask, check_mask
 
 __all__ = ["scaled_dot_product_attention", "attend"]
 
@@ -62,6 +62,7 @@ def attend(
     need_weights: bool = False,
     dropout_p: float = 0.0,
     bias: torch.Tensor | None = None,
+    is_causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of ``h`` query heads over ``h_kv`` key/value heads.
 
@@ -83,6 +84,10 @@ def attend(
             ``softmax(q k^T / sqrt(d) + bias)``. It is combined with ``mask``: masked
             scores stay masked whatever their bias. It must be finite where the mask
             allows (it is not checked, to check no values).
+        is_causal: also apply :func:`~mhbook.causal_mask` ``(L, S)`` (bottom-right
+            aligned, so ``S >= L``), as if ``mask & causal_mask(L, S)`` were passed.
+            Without another mask and with ``L == S`` the fused kernel then skips the
+            masked blocks and no mask is built.
 
     Returns:
         ``(output, weights)``: output ``(batch, h, L, d_v)``; weights
@@ -94,12 +99,19 @@ def attend(
     an accelerator.
     """
     _check_heads(q, k, v)
-    batch, h, length, _ = q.shape
-    check_mask(mask, (batch, h, length, k.size(2)), q.device)
-    _check_bias(bias, (batch, h, length, k.size(2)), q)
+    batch, h, length, num_keys = *q.shape[:3], k.size(2)
+    check_mask(mask, (batch, h, length, num_keys), q.device)
+    _check_bias(bias, (batch, h, length, num_keys), q)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p!r}")
     group = h // k.size(1)
+    if is_causal and length == 1:  # one query, aligned bottom-right: it sees every key
+        is_causal = False
+    if is_causal and (mask is not None or bias is not None or need_weights or length != num_keys):
+        # PyTorch's is_causal aligns top-left: only for L == S is it our causal mask.
+        causal = causal_mask(length, num_keys, device=q.device)
+        mask = causal if mask is None else mask & causal
+        is_causal = False
     if need_weights:
         if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -108,21 +120,34 @@ def attend(
     # (enable_gqa): no copy of the keys and values per query head, which would undo
     # what sharing them saves in memory traffic.
     gqa = {"enable_gqa": True} if group > 1 else {}
-    if mask is None:
+    if mask is None:  # no query lacks a key, not even with is_causal (its diagonal is kept)
         attn_mask = None if bias is None else bias.to(q.dtype)
-        output = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p, **gqa)
+        output = F.scaled_dot_product_attention(
+            q, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, **gqa
+        )
         return output, None
     # A query with no key to attend to must give zero output and zero gradient on every
     # backend: let the kernel see all keys for such rows (so no backend meets an empty
-    # row), then zero them.
+    # row), then zero them. On the CPU, where reading a value waits for nothing, this is
+    # skipped when every query has a key (the usual case); elsewhere it always runs.
     has_key = mask.any(dim=-1, keepdim=True)
-    attn_mask = mask | ~has_key
-    if bias is not None:  # a float mask: the bias where allowed, -inf where masked
-        attn_mask = bias.to(q.dtype).masked_fill(~attn_mask, float("-inf"))
+    if mask.device.type == "cpu" and bool(has_key.all()):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=_with_bias(mask, bias, q), dropout_p=dropout_p, **gqa
+        ), None
+    attn_mask = _with_bias(mask | ~has_key, bias, q)
     output = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, **gqa
     )
     return output.masked_fill(~has_key, 0.0), None
+
+
+def _with_bias(mask: torch.Tensor, bias: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """The bool ``mask`` as SDPA's float mask with ``bias`` added: the bias where allowed,
+    ``-inf`` where masked (masked scores stay masked whatever their bias)."""
+    if bias is None:
+        return mask
+    return bias.to(q.dtype).masked_fill(~mask, float("-inf"))
 
 
 def _explicit_attention(q, k, v, mask, dropout_p=0.0, bias=None):

@@ -1,6 +1,6 @@
 """Benchmarks of the book's code against PyTorch's, run as ``python -m mhbook.bench``.
 
-Four tables, all measured in one run on one machine:
+Five tables, all measured in one run on one machine (``--only NAME`` for one of them):
 
 (a) forward + backward time of :class:`mhbook.MultiHeadAttention` against
     :class:`torch.nn.MultiheadAttention` (same weights, ``need_weights=False`` for both);
@@ -9,11 +9,16 @@ Four tables, all measured in one run on one machine:
     as the sequence length grows;
 (c) training throughput (target tokens per second) of the book's :class:`mhbook.Transformer`
     (``BOOK_CONFIG.model``) with the book's optimizer (:func:`mhbook.make_optimizer`);
-(d) greedy decoding time with and without the KV cache, same model with random weights.
+(d) greedy decoding time with and without the KV cache, same model with random weights;
+(e) target tokens per second of the book's training step (:func:`mhbook.fit`'s) against
+    that of Dive into Deep Learning's Transformer code (:mod:`mhbook.bench_d2l`, written
+    for this comparison) at D2L's own configuration, and their ratio.
 
 Timing: each side is warmed up, then the sides are run in alternating order, round after
 round, so that noise from other processes hits both; a table shows the median round.
-``--quick`` runs tiny sizes in a few seconds (a smoke test, not a measurement).
+Two threads that share their cores with other busy processes wait for each other: time
+on an otherwise quiet machine. ``--quick`` runs tiny sizes in a few seconds (a smoke
+test, not a measurement).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import argparse
 import os
 import statistics
 import time
+from functools import partial
 from typing import Callable
 
 import torch
@@ -29,10 +35,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from . import train
 from .attention import scaled_dot_product_attention
-from .config import BOOK_CONFIG, Config, ModelConfig
+from .config import BOOK_CONFIG, Config, ModelConfig, TrainConfig
+from .data import Batch
 from .multihead import MultiHeadAttention
-from .train import make_optimizer, sequence_loss
+from .train import make_optimizer, make_scheduler, sequence_loss, translation_loss
 from .transformer import Transformer
 
 __all__ = [
@@ -42,6 +50,9 @@ __all__ = [
     "bench_attention_memory",
     "bench_training",
     "bench_decoding",
+    "D2L_CONFIG",
+    "random_translation_batch",
+    "bench_training_vs_d2l",
     "main",
 ]
 
@@ -296,7 +307,111 @@ def bench_decoding(
     return results
 
 
+# -- (e) training step against Dive into Deep Learning's code ---------------------------
+#: D2L's configuration of its Transformer (chapter "Transformer", ``train_seq2seq``).
+D2L_CONFIG = Config(
+    model=ModelConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64, dropout=0.1),
+    train=TrainConfig(batch_size=64, lr=0.005),
+)
+
+
+def random_translation_batch(
+    batch: int, length: int, vocab_size: int, device: torch.device, generator: torch.Generator
+) -> Batch:
+    """Random sentence pairs padded to ``length`` tokens, as a :class:`~mhbook.data.Batch`.
+
+    Ids: 0 ``<pad>``, 1 ``<bos>``, 2 and up words. Source and target lengths are drawn
+    between ``length // 2`` and ``length``; positions beyond them hold ``<pad>``.
+    """
+    lens = torch.randint(length // 2, length + 1, (2, batch), generator=generator)
+    words = torch.randint(2, vocab_size, (2, batch, length), generator=generator)
+    words = words.masked_fill(torch.arange(length) >= lens[..., None], 0)
+    src, tgt = words
+    tgt_in = torch.cat([torch.ones(batch, 1, dtype=torch.long), tgt[:, :-1]], dim=1)
+    return Batch(src, lens[0], tgt_in, tgt, lens[1]).to(device)
+
+
+def bench_training_vs_d2l(
+    device: torch.device,
+    rounds: int,
+    steps: int = 10,
+    num_batches: int = 4,
+    length: int = 10,
+    vocab_size: int = 200,
+    config: Config = D2L_CONFIG,
+) -> dict:
+    """Target tokens per second of training steps of mhbook and of D2L's code, interleaved.
+
+    Both train a Transformer of ``config.model`` (default D2L's own: d_model 32, 2 + 2
+    layers, 4 heads, FFN 64, dropout 0.1) on the same ``num_batches`` random batches of
+    ``config.train.batch_size`` pairs of ``length`` tokens (:func:`random_translation_batch`),
+    in turn. mhbook's step is :func:`~mhbook.fit`'s (:func:`~mhbook.translation_loss`,
+    backward, clipping to ``config.train.clip_norm``, :func:`~mhbook.make_optimizer`, the
+    learning-rate schedule); D2L's is ``train_seq2seq``'s (:mod:`mhbook.bench_d2l`:
+    ``MaskedSoftmaxCELoss``, ``grad_clipping(net, 1)``, ``torch.optim.Adam``).
+    One timed call runs ``steps`` steps of one side; see :func:`interleaved_median_times`.
+
+    Returns:
+        ``mhbook_tokens_per_s``, ``d2l_tokens_per_s`` (``batch * length`` target positions
+        per step) and ``ratio`` (mhbook's over D2L's).
+    """
+    from . import bench_d2l
+
+    batch_size = config.train.batch_size
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        random_translation_batch(batch_size, length, vocab_size, device, generator)
+        for _ in range(num_batches)
+    ]
+    torch.manual_seed(0)
+    ours = Transformer(config.model, vocab_size, vocab_size).to(device).train()
+    optimizer = make_optimizer(ours, config.train)
+    scheduler = make_scheduler(optimizer, config.train)
+    loss_fn = partial(translation_loss, pad_id=0)
+    m = config.model
+    theirs = bench_d2l.d2l_transformer(
+        vocab_size, vocab_size, m.d_model, m.num_layers, m.dropout, m.d_ff, m.num_heads
+    )
+    theirs = theirs.to(device).train()
+    d2l_optimizer = torch.optim.Adam(theirs.parameters(), lr=config.train.lr)
+    d2l_loss = bench_d2l.MaskedSoftmaxCELoss()
+
+    def run_ours():
+        for i in range(steps):
+            b = batches[i % num_batches]
+            loss, n_tokens = train._train_step(
+                ours, b, loss_fn, optimizer, scheduler, config.train.clip_norm
+            )
+            loss.item(), int(n_tokens)  # what fit logs
+
+    def run_theirs():
+        for i in range(steps):
+            b = batches[i % num_batches]
+            bench_d2l.train_step(
+                theirs, d2l_optimizer, d2l_loss, b.src, b.src_valid_lens, b.tgt_out,
+                b.tgt_valid_lens, bos_id=1,
+            )  # fmt: skip
+
+    t = interleaved_median_times({"mhbook": run_ours, "d2l": run_theirs}, device, rounds)
+    tokens = batch_size * length * steps
+    return {
+        "mhbook_tokens_per_s": tokens / t["mhbook"],
+        "d2l_tokens_per_s": tokens / t["d2l"],
+        "ratio": t["d2l"] / t["mhbook"],
+    }
+
+
 # -- the command line --------------------------------------------------------------------
+#: The tables by name, for ``--only``.
+SECTIONS = {
+    "multihead": "a",
+    "attention-memory": "b",
+    "training": "c",
+    "decoding": "d",
+    "training-vs-d2l": "e",
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmarks and print their tables (see ``python -m mhbook.bench --help``)."""
     parser = argparse.ArgumentParser(
@@ -307,12 +422,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     parser.add_argument(
-        "--sections", default="abcd", help="which tables to print, a subset of 'abcd' (default all)"
+        "--sections",
+        default="abcde",
+        help="which tables to print, a subset of 'abcde' (default all)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=sorted(SECTIONS),
+        help="print only this table (overrides --sections): "
+        + ", ".join(f"{name} ({letter})" for name, letter in SECTIONS.items()),
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)"
     )
     args = parser.parse_args(argv)
+    sections = SECTIONS[args.only] if args.only else args.sections
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.device == "auto":
@@ -328,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
         print("--quick: tiny sizes, a smoke test; the numbers mean nothing")
     print("times are medians over rounds that alternate the two sides (noise hits both)")
 
-    if "a" in args.sections:
+    if "a" in sections:
         shapes = [(2, 16, 32, 4)] if args.quick else [(8, 512, 256, 8), (16, 128, 256, 8)]
         rows = []
         for r in bench_multihead(shapes, device, rounds=2 if args.quick else 15):
@@ -341,7 +465,7 @@ def main(argv: list[str] | None = None) -> None:
             ["same weights, train mode, dropout 0, need_weights=False, grads of input and weights"],
         )
 
-    if "b" in args.sections:
+    if "b" in sections:
         lengths = [64, 128] if args.quick else [256, 512, 1024, 2048, 4096]
         rows = []
         for r in bench_attention_memory(lengths, 8, 64, device, rounds=2 if args.quick else 3):
@@ -373,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
             ],
         )
 
-    if "c" in args.sections:
+    if "c" in sections:
         batch, length, steps = (4, 8, 2) if args.quick else (64, 32, 20)
         r = bench_training(device, batch, length, steps)
         _print_table(
@@ -386,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
             ],
         )
 
-    if "d" in args.sections:
+    if "d" in sections:
         counts = [4, 8] if args.quick else [64, 256]
         rows = []
         for r in bench_decoding(counts, device, rounds=2 if args.quick else 3):
@@ -406,6 +530,29 @@ def main(argv: list[str] | None = None) -> None:
                 f"the book's Transformer with random weights ({_describe(BOOK_CONFIG.model)}, "
                 "vocabulary 1000); eos_id = 1000 can never be the argmax, so every run "
                 "decodes all the tokens"
+            ],
+        )
+    if "e" in sections:
+        rounds, steps = (2, 2) if args.quick else (21, 10)
+        r = bench_training_vs_d2l(device, rounds, steps)
+        c = D2L_CONFIG
+        _print_table(
+            f"(e) training step against D2L's code at D2L's configuration ({_describe(c.model)}, "
+            f"batch {c.train.batch_size} x 10 tokens); goal: ratio >= 1.5",
+            ["mhbook tokens/s", "D2L tokens/s", "mhbook/D2L"],
+            [
+                [
+                    f"{r['mhbook_tokens_per_s']:,.0f}",
+                    f"{r['d2l_tokens_per_s']:,.0f}",
+                    f"{r['ratio']:.2f}",
+                ]
+            ],
+            [
+                "mhbook: fit's step (translation_loss, clipping, mhbook.make_optimizer, schedule); "
+                "D2L: train_seq2seq's step (mhbook/bench_d2l.py: MaskedSoftmaxCELoss, "
+                "grad_clipping, Adam)",
+                f"the same random batches, vocabulary 200; {steps} steps per timed call, "
+                f"median of {rounds} interleaved calls each",
             ],
         )
     print("\ndone")

@@ -23,7 +23,11 @@ class _Block(nn.Module):
     @classmethod
     def from_torch(cls, layer: nn.Module) -> _Block:
         """Copy a PyTorch layer (:attr:`torch_layer`, ``batch_first=True``, ReLU):
-        same weights, same outputs."""
+        same weights, same outputs.
+
+        Same outputs in training too when the dropout is 0. PyTorch's layer also drops
+        attention weights and the feed-forward network's hidden units; ours drops only
+        what the paper drops (see :class:`EncoderBlock`)."""
         _check_torch_layer(layer, cls.torch_layer)
         config = ModelConfig(
             d_model=layer.self_attn.embed_dim,
@@ -36,7 +40,9 @@ class _Block(nn.Module):
         )
         block = cls(config).to(layer.linear1.weight.device, layer.linear1.weight.dtype)
         for ours, theirs in cls.attentions.items():
-            setattr(block, ours, MultiHeadAttention.from_torch(getattr(layer, theirs)))
+            attention = MultiHeadAttention.from_torch(getattr(layer, theirs))
+            attention.dropout = 0.0  # the block drops out where the paper does (see below)
+            setattr(block, ours, attention)
         with torch.no_grad():
             block.ffn.linear1.load_state_dict(layer.linear1.state_dict())
             block.ffn.linear2.load_state_dict(layer.linear2.state_dict())
@@ -53,7 +59,9 @@ class EncoderBlock(_Block):
         config: a :class:`mhbook.ModelConfig`; the block uses its ``d_model``,
             ``num_heads``, ``head_dim`` (the size of one head; ``None``: ``d_model //
             num_heads``), ``d_ff`` (the feed-forward network's hidden size), ``dropout``
-            (on attention weights, inside the FFN and on each residual branch),
+            (on each sublayer's output before it is added to the residual, the paper's
+            "residual dropout"; not on the attention weights or inside the FFN, which
+            the paper does not drop),
             ``norm_first`` (``False`` for post-norm, the paper; ``True`` for pre-norm)
             and ``norm_eps``. ``num_layers`` does not concern a block.
 
@@ -68,8 +76,9 @@ class EncoderBlock(_Block):
     def __init__(self, config: ModelConfig):
         super().__init__()
         d, p = config.d_model, config.dropout
-        self.self_attn = MultiHeadAttention(d, config.num_heads, p, d_head=config.head_dim)
-        self.ffn = PositionWiseFFN(d, config.d_ff, p)
+        # Dropout only on the sublayers' outputs (in AddNorm), as in the paper (Sec. 5.4).
+        self.self_attn = MultiHeadAttention(d, config.num_heads, d_head=config.head_dim)
+        self.ffn = PositionWiseFFN(d, config.d_ff)
         self.addnorm1 = AddNorm(d, p, config.norm_first, config.norm_eps)
         self.addnorm2 = AddNorm(d, p, config.norm_first, config.norm_eps)
 
@@ -93,9 +102,10 @@ class DecoderBlock(_Block):
     def __init__(self, config: ModelConfig):
         super().__init__()
         d, p = config.d_model, config.dropout
-        self.self_attn = MultiHeadAttention(d, config.num_heads, p, d_head=config.head_dim)
-        self.cross_attn = MultiHeadAttention(d, config.num_heads, p, d_head=config.head_dim)
-        self.ffn = PositionWiseFFN(d, config.d_ff, p)
+        # Dropout only on the sublayers' outputs (in AddNorm), as in the paper (Sec. 5.4).
+        self.self_attn = MultiHeadAttention(d, config.num_heads, d_head=config.head_dim)
+        self.cross_attn = MultiHeadAttention(d, config.num_heads, d_head=config.head_dim)
+        self.ffn = PositionWiseFFN(d, config.d_ff)
         self.addnorm1 = AddNorm(d, p, config.norm_first, config.norm_eps)
         self.addnorm2 = AddNorm(d, p, config.norm_first, config.norm_eps)
         self.addnorm3 = AddNorm(d, p, config.norm_first, config.norm_eps)
@@ -107,6 +117,8 @@ class DecoderBlock(_Block):
         self_mask: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         cache: LayerCache | None = None,
+        *,
+        is_causal: bool = False,
     ) -> torch.Tensor:
         """Run the block.
 
@@ -114,27 +126,30 @@ class DecoderBlock(_Block):
             x: ``(batch, T, d_model)``, the target tokens so far (or only the new
                 ones when ``cache`` holds the earlier ones).
             memory: ``(batch, S, d_model)``, the encoder's output.
-            self_mask: bool, broadcastable to ``(batch, h, T, T_total)``; usually
-                :func:`mhbook.causal_mask`.
+            self_mask: bool, broadcastable to ``(batch, h, T, T_total)``, e.g.
+                :func:`mhbook.causal_mask` (or pass ``is_causal=True``).
             memory_mask: bool, broadcastable to ``(batch, h, T, S)``; usually
                 :func:`mhbook.padding_mask` of the source.
             cache: ``None`` in training. When decoding, this block's
                 :class:`mhbook.LayerCache`: the new tokens' keys and values are added
                 to it (:meth:`~mhbook.LayerCache.update`), and ``memory`` is projected
                 into its ``memory_keys``/``memory_values`` on the first step only.
+            is_causal: the self-attention also applies ``causal_mask(T, T_total)``,
+                built only where needed (:func:`mhbook.attend`); what
+                :class:`~mhbook.TransformerDecoder` passes.
 
         Returns:
             ``(batch, T, d_model)``.
         """
-        x = self.addnorm1(x, lambda x: self._self_attention(x, self_mask, cache))
+        x = self.addnorm1(x, lambda x: self._self_attention(x, self_mask, cache, is_causal))
         x = self.addnorm2(x, lambda x: self._cross_attention(x, memory, memory_mask, cache))
         return self.addnorm3(x, self.ffn)
 
-    def _self_attention(self, x, mask, cache):
+    def _self_attention(self, x, mask, cache, is_causal):
         k, v = self.self_attn.project_kv(x, x)  # only the new tokens are projected
         if cache is not None:
             k, v = cache.update(k, v)  # the earlier tokens' keys and values, then these
-        return self.self_attn.attend(x, k, v, mask)
+        return self.self_attn.attend(x, k, v, mask, is_causal=is_causal)
 
     def _cross_attention(self, x, memory, mask, cache):
         if cache is None:

@@ -66,7 +66,9 @@ class ModelConfig:
             ``head_dim`` is given.
         num_layers: blocks in the encoder and in the decoder (or in a decoder-only stack).
         d_ff: hidden size of the position-wise feed-forward network.
-        dropout: dropout probability, in ``[0, 1)``.
+        dropout: dropout probability, in ``[0, 1)``, where the paper applies it: on the
+            embeddings plus positions and on every sublayer's output before the residual
+            sum (not on attention weights).
         norm_first: pre-norm (``True``) or the paper's post-norm (``False``).
         norm_eps: the layer norms' epsilon.
         num_kv_heads: heads of keys and values (grouped-query attention); ``None`` means

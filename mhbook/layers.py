@@ -11,6 +11,25 @@ from torch import nn
 __all__ = ["sinusoidal_encoding", "PositionalEncoding", "PositionWiseFFN", "AddNorm"]
 
 
+def _drop(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """``dropout(x)``: in training, each value of ``x`` is zeroed with probability
+    ``p = dropout.p`` and the others are scaled by ``1 / (1 - p)``.
+
+    ``x`` itself, with no op run, in eval mode or for ``p = 0``. Otherwise this is
+    ``F.dropout`` written out (noise of zeros and ``1 / (1 - p)``, times ``x``) with one
+    change: the keep mask is drawn as ``rand >= p`` rather than with ``bernoulli_(1 - p)``,
+    the same distribution for half the random numbers (PyTorch's CPU ``bernoulli_`` draws
+    two per value), which makes each dropout about a third faster on the CPU.
+    """
+    p = dropout.p
+    if not dropout.training or p == 0:
+        return x
+    if p == 1:
+        return dropout(x)  # all zeros
+    noise = torch.rand_like(x).ge_(p).div_(1 - p)  # 0, or 1 / (1 - p) with probability 1 - p
+    return x * noise
+
+
 def sinusoidal_encoding(
     num_positions: int,
     d_model: int,
@@ -42,12 +61,15 @@ class PositionalEncoding(nn.Module):
 
     The encoding is computed on ``x``'s device for the positions needed (from
     ``offset``, used when decoding one token at a time), so there is no length limit.
+    It is kept for the next call (a table of the positions seen so far, not saved in
+    the ``state_dict``), so a training step does not compute it again.
     """
 
     def __init__(self, d_model: int, dropout: float = 0.0):
         super().__init__()
         self.d_model = d_model
         self.dropout = nn.Dropout(dropout)
+        self._table: torch.Tensor | None = None  # (positions so far, d_model)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``(batch, L, d_model)`` -> ``(batch, L, d_model)``."""
@@ -55,8 +77,13 @@ class PositionalEncoding(nn.Module):
             raise ValueError(
                 f"expected x of shape (batch, length, d_model={self.d_model}), got {tuple(x.shape)}"
             )
-        P = sinusoidal_encoding(x.size(1), self.d_model, offset, device=x.device, dtype=x.dtype)
-        return self.dropout(x + P)
+        end = offset + x.size(1)
+        P = self._table
+        if P is None or P.size(0) < end or P.device != x.device or P.dtype != x.dtype:
+            longer = max(end, 2 * P.size(0)) if P is not None else end  # grow by doubling
+            P = sinusoidal_encoding(longer, self.d_model, device=x.device, dtype=x.dtype)
+            self._table = P
+        return _drop(self.dropout, x + P[offset:end])
 
 
 class PositionWiseFFN(nn.Module):
@@ -72,7 +99,7 @@ class PositionWiseFFN(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+        return self.linear2(_drop(self.dropout, torch.relu(self.linear1(x))))
 
 
 class AddNorm(nn.Module):
@@ -101,5 +128,5 @@ class AddNorm(nn.Module):
         self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
         if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            return x + _drop(self.dropout, sublayer(self.norm(x)))
+        return self.norm(x + _drop(self.dropout, sublayer(x)))

@@ -116,6 +116,7 @@ class MultiHeadAttention(nn.Module):
         value: torch.Tensor,
         mask: torch.Tensor | None = None,
         need_weights: bool = False,
+        is_causal: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Multi-head attention of ``query`` over ``key``/``value``.
 
@@ -125,6 +126,8 @@ class MultiHeadAttention(nn.Module):
             value: ``(batch, Lk, vdim)``.
             mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
             need_weights: also return the per-head weights (explicit path).
+            is_causal: also apply :func:`~mhbook.causal_mask` ``(Lq, Lk)``, without
+                building it where the fused kernel can skip it (see :func:`mhbook.attend`).
 
         Returns:
             Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
@@ -132,7 +135,7 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_inputs(query=query, key=key, value=value)
         k, v = self._project_kv(key, value)
-        return self._attend(query, k, v, mask, need_weights)
+        return self._attend(query, k, v, mask, need_weights, is_causal)
 
     def project_kv(
         self, key: torch.Tensor, value: torch.Tensor
@@ -156,6 +159,7 @@ class MultiHeadAttention(nn.Module):
         v: torch.Tensor,
         mask: torch.Tensor | None = None,
         need_weights: bool = False,
+        is_causal: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Project the queries and attend to already projected keys and values.
 
@@ -164,18 +168,19 @@ class MultiHeadAttention(nn.Module):
             k, v: ``(batch, num_heads, Lk, d_head)`` from :meth:`project_kv`.
             mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
             need_weights: also return the per-head weights.
+            is_causal: also apply :func:`~mhbook.causal_mask` ``(Lq, Lk)`` (see :meth:`forward`).
 
         Returns:
             Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
             ``(batch, num_heads, Lq, Lk)`` when ``need_weights``.
         """
         self._check_inputs(query=query)
-        return self._attend(query, k, v, mask, need_weights)
+        return self._attend(query, k, v, mask, need_weights, is_causal)
 
     def _project_kv(self, key, value):
         return self.split_heads(self.W_k(key)), self.split_heads(self.W_v(value))
 
-    def _attend(self, query, k, v, mask, need_weights):
+    def _attend(self, query, k, v, mask, need_weights, is_causal=False):
         q = self.split_heads(self.W_q(query))  # (B, h, Lq, d_head)
         heads, weights = attention.attend(
             q,
@@ -186,6 +191,7 @@ class MultiHeadAttention(nn.Module):
             # PyTorch's fused kernel runs in O(L) memory.
             need_weights=need_weights or self.keep_weights,
             dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
         )
         if self.keep_weights:
             self.weights = weights.detach()

@@ -64,9 +64,10 @@ __all__ = [
     "book_model",
 ]
 
-# Bumped whenever fit's arithmetic changes (version 2: the fused AdamW), so that book_model
-# trains again over a checkpoint that this code would not reproduce.
-_TRAINER_VERSION = 2
+# Bumped whenever fit's arithmetic changes (version 2: the fused AdamW; 3: the decoder's
+# self-attention with is_causal, dropout only where the paper puts it, drawn with
+# rand_like), so that book_model trains again over a checkpoint this code would not reproduce.
+_TRAINER_VERSION = 3
 
 #: ``loss_fn(model, batch) -> (loss, n_tokens)``: the mean loss over ``n_tokens`` tokens.
 LossFn = Callable[[nn.Module, object], "tuple[torch.Tensor, torch.Tensor | int]"]
@@ -346,13 +347,9 @@ def fit(
             for step, batch in zip(range(1, config.num_steps + 1), batches):
                 start = time.perf_counter()
                 lr = optimizer.param_groups[0]["lr"]
-                loss, n_tokens = loss_fn(model, batch)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if config.clip_norm is not None:
-                    nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
-                optimizer.step()
-                scheduler.step()
+                loss, n_tokens = _train_step(
+                    model, batch, loss_fn, optimizer, scheduler, config.clip_norm
+                )
                 loss_value = loss.item()  # waits for the device, so the timing is honest
                 seconds = time.perf_counter() - start
                 log.train_step(step, loss_value, lr, int(n_tokens), seconds)
@@ -364,6 +361,21 @@ def fit(
             log.close()
             model.eval()
     return log.history
+
+
+def _train_step(model, batch, loss_fn, optimizer, scheduler, clip_norm):
+    """One optimisation step of :func:`fit` (also what ``python -m mhbook.bench`` times):
+    loss, backward, clipping, a step of the optimizer and of the learning rate.
+    Returns ``loss_fn``'s ``(loss, n_tokens)``."""
+    loss, n_tokens = loss_fn(model, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_norm is not None:  # the optimizer's parameters: no walk through the modules
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        nn.utils.clip_grad_norm_(params, clip_norm)
+    optimizer.step()
+    scheduler.step()
+    return loss, n_tokens
 
 
 def _train_config(config: TrainConfig | None, overrides: dict) -> TrainConfig:

@@ -13,7 +13,7 @@ from .blocks import DecoderBlock, EncoderBlock
 from .cache import KVCache
 from .config import ModelConfig
 from .layers import PositionalEncoding
-from .masks import causal_mask, padding_mask
+from .masks import padding_mask
 from .multihead import MultiHeadAttention
 
 __all__ = [
@@ -111,12 +111,12 @@ class TransformerDecoder(_Stack):
             )
         _check_cache(cache, len(self.blocks))
         num_cached = 0 if cache is None else cache.length
-        num_new = tgt.size(1)
-        # Bottom-right alignment: the new tokens see every cached one and the earlier new ones.
-        self_mask = causal_mask(num_new, num_cached + num_new, device=tgt.device)
         x = self.embed(tgt, "tgt", offset=num_cached)
         for i, block in enumerate(self.blocks):
-            x = block(x, memory, self_mask, memory_mask, None if cache is None else cache.layers[i])
+            layer_cache = None if cache is None else cache.layers[i]
+            # The causal mask, aligned bottom-right: the new tokens see every cached one
+            # and the earlier new ones. In training attend() need not even build it.
+            x = block(x, memory, None, memory_mask, layer_cache, is_causal=True)
         return self.output(self.norm(x))
 
 
@@ -260,7 +260,7 @@ def _check_tokens(name: str, t: torch.Tensor, vocab_size: int | None = None) -> 
     if t.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
         raise TypeError(f"{name} must hold integer token ids, got dtype {t.dtype}")
     if vocab_size is not None and t.device.type == "cpu" and t.numel() > 0:
-        low, high = int(t.min()), int(t.max())
+        low, high = (int(v) for v in torch.aminmax(t))
         if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"{name} holds token ids from {low} to {high}, but the vocabulary has "

@@ -259,3 +259,65 @@ def test_attend_dropout_keeps_the_expected_output(need_weights):
     runs = runs.view(n, *plain.shape)
     assert not torch.allclose(runs[0], plain)
     torch.testing.assert_close(runs.mean(0), plain, atol=0.08, rtol=0)  # seeded
+
+
+# -- is_causal: the causal mask without building it ---------------------------------------
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+@pytest.mark.parametrize("num_queries,num_keys", [(5, 5), (3, 6), (1, 4)])
+@pytest.mark.parametrize("padded", [False, True], ids=["alone", "with-padding"])
+def test_attend_is_causal_equals_the_causal_mask(
+    num_queries, num_keys, padded, need_weights, dtype, assert_close
+):
+    """``is_causal=True`` is ``mask & causal_mask(L, S)`` (bottom-right), forward and
+    gradients, whether or not the fused kernel can skip building the mask."""
+    q, k, v = _heads(4, 2, num_queries, num_keys, dtype)
+    padding = mhbook.padding_mask(torch.tensor([num_keys, 1, 2]), num_keys) if padded else None
+    causal = mhbook.causal_mask(num_queries, num_keys)
+    written = causal if padding is None else padding & causal
+    ours, w1 = mhbook.attend(q, k, v, padding, need_weights=need_weights, is_causal=True)
+    expected, w2 = mhbook.attend(q, k, v, written, need_weights=need_weights)
+    assert_close(ours, expected, "output")
+    if need_weights:
+        assert_close(w1, w2, "weights")
+    for name, a, b in zip("qkv", _grads(ours, (q, k, v)), _grads(expected, (q, k, v))):
+        assert_close(a, b, f"gradient w.r.t. {name}")
+
+
+def test_attend_is_causal_square_is_torchs_is_causal(dtype, assert_close):
+    q, k, v = _heads(4, 4, 5, 5, dtype)
+    ours, _ = mhbook.attend(q, k, v, is_causal=True)
+    assert_close(ours, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_attend_is_causal_needs_as_many_keys_as_queries():
+    q, k, v = _heads(2, 2, 4, 3, torch.float32)
+    with pytest.raises(ValueError, match="num_keys >= num_queries"):
+        mhbook.attend(q, k, v, is_causal=True)
+
+
+def test_attend_with_padding_and_no_empty_row_is_the_fused_kernel(dtype, assert_close):
+    """On the CPU the guard for queries without keys is skipped when there are none;
+    the result is then PyTorch's kernel with the mask as it is."""
+    q, k, v = _heads(4, 4, 3, 5, dtype)
+    mask = mhbook.padding_mask(torch.tensor([5, 1, 3]), 5)
+    ours, _ = mhbook.attend(q, k, v, mask)
+    assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+@pytest.mark.parametrize("lens,guarded", [([5, 1, 3], False), ([5, 0, 3], True)])
+def test_attend_guards_only_masks_with_an_empty_row_on_the_cpu(monkeypatch, lens, guarded):
+    """The kernel gets the mask itself unless a query has no key; then it gets the mask
+    with that row opened (and the row's output is zeroed after)."""
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, attn_mask=None, **kwargs):
+        seen.append(attn_mask)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(mhbook.attention.F, "scaled_dot_product_attention", spy)
+    q, k, v = _heads(4, 4, 3, 5, torch.float32)
+    mask = mhbook.padding_mask(torch.tensor(lens), 5)
+    output, _ = mhbook.attend(q, k, v, mask)
+    assert (seen[0] is not mask) == guarded
+    assert torch.isfinite(output).all() and (output[1] == 0).all() == guarded

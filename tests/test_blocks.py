@@ -133,3 +133,57 @@ def test_from_torch_rejects_other_layers():
         mhbook.DecoderBlock.from_torch(seq_first)
     with pytest.raises(TypeError, match="TransformerDecoderLayer"):
         mhbook.DecoderBlock.from_torch(gelu)
+
+
+# -- is_causal, and dropout where the paper puts it ------------------------------------------
+@pytest.mark.parametrize("tgt_padding", [False, True], ids=["tgt-full", "tgt-padded"])
+def test_decoder_block_is_causal_equals_the_causal_mask(
+    tgt_padding, norm_first, dtype, assert_close
+):
+    """``is_causal=True`` (what TransformerDecoder passes) is ``self_mask=causal_mask(T)``,
+    forward and gradients, with or without a padding mask of its own."""
+    torch.manual_seed(4)
+    config = mhbook.ModelConfig(D_MODEL, NUM_HEADS, 1, D_FF, norm_first=norm_first)
+    block = mhbook.DecoderBlock(config).to(dtype)
+    tgt = _randn(3, 5, D_MODEL, dtype=dtype, seed=7)
+    memory = _randn(3, 4, D_MODEL, dtype=dtype, seed=8)
+    memory_mask = mhbook.padding_mask(torch.tensor([4, 2, 1]), 4)
+    pad = mhbook.padding_mask(torch.tensor([5, 2, 4]), 5) if tgt_padding else None
+    causal = mhbook.causal_mask(5) if pad is None else mhbook.causal_mask(5) & pad
+    ours = block(tgt, memory, pad, memory_mask, is_causal=True)
+    written = block(tgt, memory, causal, memory_mask)
+    assert_close(ours, written, "output")
+    g = _upstream(ours)
+    a = torch.autograd.grad((ours * g).sum(), (tgt, memory))
+    b = torch.autograd.grad((written * g).sum(), (tgt, memory))
+    for name, x, y in zip(("tgt", "memory"), a, b):
+        assert_close(x, y, f"gradient w.r.t. {name}")
+
+
+def test_decoder_block_is_causal_with_a_cache_steps_like_the_full_pass(dtype, assert_close):
+    torch.manual_seed(3)
+    block = mhbook.DecoderBlock(mhbook.ModelConfig(D_MODEL, NUM_HEADS, 1, D_FF)).to(dtype).eval()
+    tgt = _randn(2, 6, D_MODEL, dtype=dtype, seed=5).detach()
+    memory = _randn(2, 4, D_MODEL, dtype=dtype, seed=6).detach()
+    with torch.no_grad():
+        full = block(tgt, memory, is_causal=True)
+        cache = mhbook.LayerCache()
+        steps = [block(tgt[:, :2], memory, cache=cache, is_causal=True)]  # a chunk of 2 first
+        steps += [
+            block(tgt[:, t : t + 1], memory, cache=cache, is_causal=True) for t in range(2, 6)
+        ]
+    assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_blocks_drop_out_only_the_sublayer_outputs():
+    """The paper's residual dropout (Sec. 5.4): none on the attention weights, none in
+    the FFN, one per sublayer output (in AddNorm)."""
+    config = mhbook.ModelConfig(D_MODEL, NUM_HEADS, 1, D_FF, dropout=0.1)
+    for block in (mhbook.EncoderBlock(config), mhbook.DecoderBlock(config)):
+        attentions = [m for m in block.modules() if isinstance(m, mhbook.MultiHeadAttention)]
+        assert attentions and all(m.dropout == 0.0 for m in attentions)
+        assert block.ffn.dropout.p == 0.0
+        addnorms = [m for m in block.modules() if isinstance(m, mhbook.AddNorm)]
+        assert len(addnorms) == len(attentions) + 1 and all(a.dropout.p == 0.1 for a in addnorms)
+    layer = nn.TransformerEncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.1, batch_first=True)
+    assert mhbook.EncoderBlock.from_torch(layer).self_attn.dropout == 0.0

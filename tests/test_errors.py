@@ -52,6 +52,36 @@ def test_mask_of_wrong_shape_explicit_attention():
         mhbook.scaled_dot_product_attention(x(2, 3, 8), x(2, 4, 8), x(2, 4, 8), mask)
 
 
+@pytest.mark.parametrize(
+    "shape,ok",
+    [
+        ((2, 2, 3, 4), True),
+        ((4,), True),
+        ((1, 1, 1, 1, 4), False),  # more dimensions than the scores: never
+        ((2, 1, 1, 1, 4), False),  # one dimension too many
+        ((3, 4), True),
+        ((2, 1, 3, 1), True),
+        ((1, 3, 3, 4), False),  # 3 heads for 2
+        ((2, 2, 2, 4), False),
+        ((0, 1, 1, 4), False),
+    ],
+)
+def test_mask_broadcast_check(shape, ok):
+    """check_mask accepts exactly the shapes torch.broadcast_shapes takes to the scores'."""
+    mask = torch.ones(shape, dtype=torch.bool)
+    expected = (2, 2, 3, 4)
+    try:
+        broadcasts = torch.broadcast_shapes(shape, expected) == expected
+    except RuntimeError:
+        broadcasts = False
+    assert broadcasts == ok
+    if ok:
+        mhbook.check_mask(mask, expected)
+    else:
+        with pytest.raises(ValueError, match="does not broadcast"):
+            mhbook.check_mask(mask, expected)
+
+
 @pytest.mark.parametrize("bad_dtype", [torch.float32, torch.int64, torch.uint8])
 def test_mask_of_wrong_dtype(mha, bad_dtype):
     mask = torch.ones(2, 1, 1, 4, dtype=bad_dtype)

@@ -66,3 +66,71 @@ def test_addnorm_dropout_is_on_the_sublayer_branch():
     assert 0.4 < dropped.float().mean() < 0.6
     addnorm.eval()  # and no dropout in eval mode
     torch.testing.assert_close(addnorm(x, _Constant(3.0)) - x, torch.full_like(x, 3.0))
+
+
+# -- dropout: F.dropout's distribution, and no op where it would do nothing -------------------
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_zeroes_a_fraction_p_and_scales_the_rest(p):
+    """Each value is kept with probability 1 - p and then scaled by exactly 1 / (1 - p);
+    the gradient is the same noise (0 or 1 / (1 - p)). Like F.dropout."""
+    torch.manual_seed(0)
+    dropout = torch.nn.Dropout(p).train()
+    x = (torch.rand(200, 500) + 1).requires_grad_()  # in [1, 2): never 0 by chance
+    out = mhbook.layers._drop(dropout, x)
+    kept = out != 0
+    scale = torch.ones(()).div_(1 - p)  # 1 / (1 - p) in float32, as F.dropout has it
+    torch.testing.assert_close(out[kept], x[kept] * scale, rtol=0, atol=0)
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.005  # 100 000 draws: 5 sigma
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, kept * scale, rtol=0, atol=0)
+    mean = mhbook.layers._drop(dropout, torch.ones(100_000)).mean().item()
+    assert abs(mean - 1) < 0.02  # the expected value is kept
+
+
+def test_dropout_does_nothing_in_eval_mode_or_with_p_0():
+    """``x`` itself comes back, and no random number is drawn."""
+    x = torch.randn(3, 4)
+    state = torch.get_rng_state()
+    assert mhbook.layers._drop(torch.nn.Dropout(0.5).eval(), x) is x
+    assert mhbook.layers._drop(torch.nn.Dropout(0.0).train(), x) is x
+    assert torch.equal(torch.get_rng_state(), state)
+    all_dropped = mhbook.layers._drop(torch.nn.Dropout(1.0).train(), x)
+    assert torch.equal(all_dropped, torch.zeros_like(x))
+
+
+def test_dropout_is_seeded_by_the_global_generator():
+    dropout = torch.nn.Dropout(0.3).train()
+    x = torch.randn(5, 6)
+    torch.manual_seed(1)
+    a = mhbook.layers._drop(dropout, x)
+    torch.manual_seed(1)
+    assert torch.equal(a, mhbook.layers._drop(dropout, x))
+
+
+# -- the positional encoding's table, kept between calls ------------------------------------
+def test_positional_encoding_keeps_its_table_and_adds_the_right_rows():
+    pe = mhbook.PositionalEncoding(8).eval()
+    x = torch.zeros(2, 3, 8)
+    torch.testing.assert_close(pe(x), mhbook.sinusoidal_encoding(3, 8).expand(2, 3, 8))
+    table = pe._table
+    assert table.shape == (3, 8)
+    torch.testing.assert_close(
+        pe(x[:, :2], offset=1), mhbook.sinusoidal_encoding(3, 8)[1:].expand(2, 2, 8)
+    )
+    assert pe._table is table  # no new table for positions it holds
+    torch.testing.assert_close(pe(x[:1, :1], offset=6), mhbook.sinusoidal_encoding(1, 8, 6)[None])
+    assert pe._table.shape == (7, 8)  # grew: at least the 7 positions needed
+    P64 = mhbook.sinusoidal_encoding(2, 8, dtype=torch.float64)  # not float32's, widened
+    assert torch.equal(pe(torch.zeros(1, 2, 8, dtype=torch.float64)), P64[None])
+    on_meta = torch.zeros(1, 2, 8, dtype=torch.float64, device="meta")  # same dtype, new device
+    assert pe(on_meta).device.type == "meta"
+    assert "_table" not in pe.state_dict() and not list(pe.buffers())
+
+
+def test_positional_encoding_rows_do_not_depend_on_the_table_length():
+    """A longer table gives bit-for-bit the same rows, so caching changes no result."""
+    short = mhbook.sinusoidal_encoding(5, 16)
+    assert torch.equal(mhbook.sinusoidal_encoding(300, 16)[:5], short)
+    assert torch.equal(
+        mhbook.sinusoidal_encoding(64, 16)[3:5], mhbook.sinusoidal_encoding(2, 16, 3)
+    )

@@ -120,6 +120,22 @@ def test_causal_self_attention_matches_torch_attn_mask(dtype, assert_close):
     assert_close(weights, expected_weights)
 
 
+def test_is_causal_self_attention_matches_torch(dtype, assert_close):
+    """``is_causal=True`` builds no mask on the fused path; same result as PyTorch's layer
+    given the causal mask (and the ``is_causal`` hint), forward and gradients."""
+    theirs = _torch_mha(dtype)
+    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    x, _, _ = _inputs("self", dtype)
+    out = ours(x, x, x, is_causal=True)
+    causal = mhbook.causal_mask(5)
+    expected = theirs(x, x, x, attn_mask=~causal, is_causal=True, need_weights=False)[0]
+    assert_close(out, expected)
+    grad_ours = torch.autograd.grad(out.square().sum(), x)[0]
+    grad_theirs = torch.autograd.grad(expected.square().sum(), x)[0]
+    assert_close(grad_ours, grad_theirs)
+    assert_close(ours(x, x, x, is_causal=True, need_weights=True)[0], out)  # explicit path
+
+
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_to_torch_round_trip(bias, dtype, assert_close):
     torch.manual_seed(5)

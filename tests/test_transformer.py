@@ -302,3 +302,43 @@ def test_load_checkpoint_refuses_pickled_code(tmp_path):
     mhbook.save_checkpoint(path, model, payload=_Evil())
     with pytest.raises(Exception, match="(?i)weights_only"):
         mhbook.load_checkpoint(path, model)
+
+
+# -- the training step's dropout and masks ----------------------------------------------------
+def test_dropout_masks_drawn_per_step_are_the_papers(monkeypatch):
+    """One (batch, L, d_model) dropout mask per sublayer output and one per embedding sum:
+    2 + 2 * num_layers (encoder) + 3 * num_layers (decoder); none with dropout 0."""
+    config = mhbook.ModelConfig(D_MODEL, NUM_HEADS, NUM_LAYERS, D_FF, dropout=0.1)
+    model = mhbook.Transformer(config, SRC_VOCAB, TGT_VOCAB).train()
+    src, tgt_in, valid_lens = _batch(src_len=6, tgt_len=5)
+    shapes = []
+    rand_like = torch.rand_like
+
+    def counting(x, *args, **kwargs):
+        shapes.append(tuple(x.shape))
+        return rand_like(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "rand_like", counting)
+    model(src, tgt_in, valid_lens).sum().backward()
+    expected = [(3, 6, D_MODEL)] * (1 + 2 * NUM_LAYERS) + [(3, 5, D_MODEL)] * (1 + 3 * NUM_LAYERS)
+    assert sorted(shapes) == sorted(expected)
+
+
+def test_training_without_dropout_draws_no_random_number():
+    model = _model(torch.float32).train()
+    state = torch.get_rng_state()
+    model(*_batch()).sum().backward()
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_fit_with_dropout_is_deterministic():
+    """Same seed, same weights: the dropout masks come from the seeded global generator."""
+    data = mhbook.NumberTranslation(max_number=99, num_train=40, num_valid=0, num_test=0)
+    config = mhbook.ModelConfig(d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.2)
+    runs = []
+    for _ in range(2):
+        mhbook.set_seed(0)
+        model = mhbook.Transformer(config, len(data.src_vocab), len(data.tgt_vocab))
+        mhbook.fit(model, data, num_steps=5, batch_size=8, progress=False, eval_every=0)
+        runs.append(model.state_dict())
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
