@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import LogFormatterSciNotation
 
 from .explorers.svg import COLOURMAP, text_colour
 from .utils import to_numpy
@@ -428,6 +429,16 @@ def plot_history(history: Mapping, title: str | None = None) -> Figure:
     return fig
 
 
+class _PlainLogFormatter(LogFormatterSciNotation):
+    """Log-axis tick labels as plain numbers (1000, 2, 0.5), not 10^3 or 2 x 10^0.
+
+    Matplotlib's own formatter still decides which ticks get a label.
+    """
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
 def plot_lines(
     x,
     ys: Mapping[str, Sequence[float]],
@@ -469,10 +480,13 @@ def plot_lines(
         if len(y) != len(xs):
             raise ValueError(f"ys[{name!r}] has {len(y)} values for {len(xs)} x values")
         ax.plot(xs, y, marker=marker, label=str(name))
-    if logx:
-        ax.set_xscale("log")
-    if logy:
-        ax.set_yscale("log")
+    for log, axis, set_scale in ((logx, ax.xaxis, ax.set_xscale), (logy, ax.yaxis, ax.set_yscale)):
+        if log:
+            set_scale("log")
+            axis.set_major_formatter(_PlainLogFormatter())
+            axis.set_minor_formatter(
+                _PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4))
+            )
     if title:
         ax.set_title(title)
     if xlabel:

@@ -196,6 +196,19 @@ def test_lines():
         plot.plot_lines([1, 2, 3], {"short": [1, 2]})
 
 
+def test_log_axes_label_ticks_as_plain_numbers():
+    ax = plot.plot_lines(
+        [1024, 4096, 16384], {"a": [1.1, 1.5, 3.7]}, title="t", logx=True, logy=True
+    )
+    ax.figure.canvas.draw()
+    labels = [
+        t.get_text() for axis in (ax.xaxis, ax.yaxis) for t in axis.get_ticklabels(which="both")
+    ]
+    shown = [t for t in labels if t]
+    assert "1000" in shown and "10000" in shown and "2" in shown, shown
+    assert not any("times" in t or "^" in t or "$" in t for t in shown), shown
+
+
 # -- the attention explorer ----------------------------------------------------------
 
 
