@@ -26,7 +26,7 @@ book: setup
 test: setup chromium
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n 2 --dist loadfile --nbval --nbval-current-env tests chapters
+	$(BIN)/pytest -n 2 --dist loadfile --durations=15 --nbval --nbval-current-env tests chapters
 
 bench: setup
 	$(BIN)/python -m mhbook.bench
