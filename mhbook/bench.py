@@ -440,11 +440,12 @@ def kv_cache_variants(
 def fill_cache(layer: nn.Module, x: torch.Tensor, window: int | None = None) -> LayerCache:
     """A :class:`~mhbook.LayerCache` holding what ``layer`` caches for the context ``x``.
 
-    ``x`` ``(batch, L, d_model)``: the keys and values of :class:`~mhbook.GroupedQueryAttention`
-    (RoPE applied), or the latents of :class:`~mhbook.MultiHeadLatentAttention`, computed
-    by the layer's own projections in one pass and added with ``update`` /
-    ``update_latent``, as a prefill would add them, but without the prefill's attention
-    (``O(L^2)``, and not what table (f) measures). ``window``: the cache's window.
+    ``x``: the context ``(batch, L, d_model)``. The cache gets the keys and values of a
+    :class:`~mhbook.GroupedQueryAttention` (RoPE applied) or the latents of a
+    :class:`~mhbook.MultiHeadLatentAttention`, made by the layer's own projections in one
+    pass and added with ``update`` / ``update_latent`` as a prefill would add them, but
+    without the prefill's attention (``O(L^2)``, and not what table (f) measures).
+    ``window``: the cache's window (``None``: it keeps every token).
     """
     batch, length, _ = x.shape
     positions = torch.arange(length, device=x.device)
