@@ -1,6 +1,6 @@
 """Benchmarks of the book's code against PyTorch's, run as ``python -m mhbook.bench``.
 
-Five tables, all measured in one run on one machine (``--only NAME`` for one of them):
+Six tables, all measured in one run on one machine (``--only NAME`` for one of them):
 
 (a) forward + backward time of :class:`mhbook.MultiHeadAttention` against
     :class:`torch.nn.MultiheadAttention` (same weights, ``need_weights=False`` for both);
@@ -12,7 +12,10 @@ Five tables, all measured in one run on one machine (``--only NAME`` for one of 
 (d) greedy decoding time with and without the KV cache, same model with random weights;
 (e) target tokens per second of the book's training step (:func:`mhbook.fit`'s) against
     that of Dive into Deep Learning's Transformer code (:mod:`mhbook.bench_d2l`, written
-    for this comparison) at D2L's own configuration, and their ratio.
+    for this comparison) at D2L's own configuration, and their ratio;
+(f) KV-cache bytes and decoding time per new token of one self-attention layer, for
+    multi-head, grouped-query, multi-query and latent attention and a sliding window, at
+    contexts of 1k, 4k and 16k tokens, and their ratios to multi-head attention.
 
 Timing: each side is warmed up, then the sides are run in alternating order, round after
 round, so that noise from other processes hits both; a table shows the median round.
@@ -24,6 +27,7 @@ test, not a measurement).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -37,8 +41,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from . import train
 from .attention import scaled_dot_product_attention
+from .cache import LayerCache
 from .config import BOOK_CONFIG, Config, ModelConfig, TrainConfig
 from .data import Batch
+from .lm import make_attention
+from .masks import causal_mask
+from .mla import MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
 from .train import make_optimizer, make_scheduler, sequence_loss, translation_loss
 from .transformer import Transformer
@@ -53,6 +61,10 @@ __all__ = [
     "D2L_CONFIG",
     "random_translation_batch",
     "bench_training_vs_d2l",
+    "kv_cache_variants",
+    "fill_cache",
+    "cache_bytes",
+    "bench_kv_cache",
     "main",
 ]
 
@@ -401,6 +413,143 @@ def bench_training_vs_d2l(
     }
 
 
+# -- (f) KV-cache bytes and decoding time of the attention variants ----------------------
+def kv_cache_variants(
+    d_model: int = 512, num_heads: int = 8, window: int = 1024
+) -> dict[str, ModelConfig]:
+    """The one-layer configurations of table (f), by name; all use RoPE.
+
+    ``MHA``: ``num_heads`` key/value heads; ``GQA-2``: 2; ``MQA``: 1; ``MLA``: latent
+    attention with ``d_latent + d_rope`` = GQA-2's numbers per token (``2 * 2 * d_head``;
+    :func:`mhbook.make_attention` gives it ``d_rope = d_head // 2``); ``window``: MHA
+    attending to (and caching) the last ``window`` tokens only.
+    """
+    base = ModelConfig(
+        d_model=d_model, num_heads=num_heads, num_layers=1, d_ff=4 * d_model, position="rope"
+    )
+    d_rope = 2 * max(1, base.d_head // 4)  # as make_attention chooses it
+    return {
+        "MHA": base,
+        "GQA-2": dataclasses.replace(base, num_kv_heads=2),
+        "MQA": dataclasses.replace(base, num_kv_heads=1),
+        "MLA": dataclasses.replace(base, d_latent=2 * 2 * base.d_head - d_rope),
+        "window": dataclasses.replace(base, window=window),
+    }
+
+
+def fill_cache(layer: nn.Module, x: torch.Tensor, window: int | None = None) -> LayerCache:
+    """A :class:`~mhbook.LayerCache` holding what ``layer`` caches for the context ``x``.
+
+    ``x``: the context ``(batch, L, d_model)``. The cache gets the keys and values of a
+    :class:`~mhbook.GroupedQueryAttention` (RoPE applied) or the latents of a
+    :class:`~mhbook.MultiHeadLatentAttention`, made by the layer's own projections in one
+    pass and added with ``update`` / ``update_latent`` as a prefill would add them, but
+    without the prefill's attention (``O(L^2)``, and not what table (f) measures).
+    ``window``: the cache's window (``None``: it keeps every token).
+    """
+    batch, length, _ = x.shape
+    positions = torch.arange(length, device=x.device)
+    cache = LayerCache(window)
+    if isinstance(layer, MultiHeadLatentAttention):
+        cache.update_latent(layer.latent(x, positions))
+        return cache
+    h_kv, d_head = layer.num_kv_heads, layer.d_head
+    k = layer.W_k(x).view(batch, length, h_kv, d_head).transpose(1, 2)  # (B, h_kv, L, d_head)
+    v = layer.W_v(x).view(batch, length, h_kv, d_head).transpose(1, 2)
+    if layer.rope is not None:
+        k = layer.rope(k, positions)
+    cache.update(k, v)
+    return cache
+
+
+def cache_bytes(cache: LayerCache) -> int:
+    """Bytes of the storages behind the tensors ``cache`` holds, each storage once.
+
+    The memory the cache keeps alive: more than ``cache.nbytes`` when a tensor is a view
+    of a larger one (a slice keeps its whole storage).
+    """
+    storages = {}
+    for t in cache.tensors():
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def bench_kv_cache(
+    contexts: list[int],
+    device: torch.device,
+    rounds: int,
+    steps: int = 4,
+    d_model: int = 512,
+    num_heads: int = 8,
+    window: int = 1024,
+) -> list[dict]:
+    """KV-cache bytes and seconds per decoded token of one self-attention layer per variant.
+
+    For every variant of :func:`kv_cache_variants` (its layer from
+    :func:`mhbook.make_attention`; MLA in the absorbed form) and every context length
+    ``L``: the cache is filled with the layer's keys and values (or latents) of ``L``
+    random input vectors, batch 1 (:func:`fill_cache`); its bytes are read from its
+    tensors (:func:`cache_bytes`); then one timed call decodes ``steps`` new tokens one
+    at a time on a copy of the filled cache, each with the mask the book's
+    :class:`~mhbook.DecoderOnlyLM` builds, in eval mode without gradients. The variants
+    run interleaved (:func:`interleaved_median_times`), so noise hits all alike.
+
+    Returns:
+        One dict per context and variant, in order: ``context``, ``variant``,
+        ``config`` (its :class:`~mhbook.ModelConfig`), ``bytes``, ``step_s`` (seconds
+        per new token).
+    """
+    configs = kv_cache_variants(d_model, num_heads, window)
+    layers = {}
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        layer = make_attention(config).to(device).eval()
+        if isinstance(layer, MultiHeadLatentAttention):
+            layer.absorb = True  # how latent attention decodes
+        layers[name] = layer
+    generator = torch.Generator(device).manual_seed(0)
+    new_token = torch.randn(1, 1, d_model, device=device, generator=generator)
+    results = []
+    for length in contexts:
+        x = torch.randn(1, length, d_model, device=device, generator=generator)
+        with torch.no_grad():
+            caches = {
+                name: fill_cache(layer, x, configs[name].window) for name, layer in layers.items()
+            }
+
+        def decode(layer: nn.Module, filled: LayerCache) -> None:
+            cache = filled.copy()  # shares the tensors; each step adds new ones
+            with torch.no_grad():
+                for _ in range(steps):
+                    mask = causal_mask(1, cache.num_kept + 1, device, window=cache.window)
+                    layer(new_token, mask, cache=cache)
+
+        fns = {name: partial(decode, layers[name], caches[name]) for name in layers}
+        t = interleaved_median_times(fns, device, rounds)
+        for name in layers:
+            results.append(
+                {
+                    "context": length,
+                    "variant": name,
+                    "config": configs[name],
+                    "bytes": cache_bytes(caches[name]),
+                    "step_s": t[name] / steps,
+                }
+            )
+        del x, caches, fns  # free this context's caches before the next one's
+    return results
+
+
+def _variant_label(name: str, config: ModelConfig) -> str:
+    if config.d_latent is not None:
+        d_rope = 2 * max(1, config.d_head // 4)
+        return f"MLA d_c={config.d_latent}+{d_rope}"
+    if config.window is not None:
+        return f"window W={config.window}"
+    return f"{name.split('-')[0]} h_kv={config.kv_heads}"
+
+
 # -- the command line --------------------------------------------------------------------
 #: The tables by name, for ``--only``.
 SECTIONS = {
@@ -409,6 +558,7 @@ SECTIONS = {
     "training": "c",
     "decoding": "d",
     "training-vs-d2l": "e",
+    "kv-cache": "f",
 }
 
 
@@ -423,8 +573,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     parser.add_argument(
         "--sections",
-        default="abcde",
-        help="which tables to print, a subset of 'abcde' (default all)",
+        default="abcdef",
+        help="which tables to print, a subset of 'abcdef' (default all)",
     )
     parser.add_argument(
         "--only",
@@ -450,7 +600,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"mhbook.bench  torch {torch.__version__}  device {device}  threads {threads}")
     if args.quick:
         print("--quick: tiny sizes, a smoke test; the numbers mean nothing")
-    print("times are medians over rounds that alternate the two sides (noise hits both)")
+    print("times are medians over rounds that alternate the sides compared (noise hits all)")
 
     if "a" in sections:
         shapes = [(2, 16, 32, 4)] if args.quick else [(8, 512, 256, 8), (16, 128, 256, 8)]
@@ -553,6 +703,46 @@ def main(argv: list[str] | None = None) -> None:
                 "grad_clipping, Adam)",
                 f"the same random batches, vocabulary 200; {steps} steps per timed call, "
                 f"median of {rounds} interleaved calls each",
+            ],
+        )
+    if "f" in sections:
+        if args.quick:
+            contexts, d_model, window, rounds, steps = [32, 128, 512], 64, 32, 2, 2
+        else:
+            contexts, d_model, window, rounds, steps = [1024, 4096, 16384], 512, 1024, 9, 4
+        results = bench_kv_cache(contexts, device, rounds, steps, d_model, 8, window)
+        mha = {r["context"]: r for r in results if r["variant"] == "MHA"}
+        rows = []
+        for r in results:
+            base = mha[r["context"]]
+            rows.append(
+                [
+                    str(r["context"]),
+                    _variant_label(r["variant"], r["config"]),
+                    f"{r['bytes']:,}",
+                    f"{r['bytes'] / base['bytes']:.3f}",
+                    _ms(r["step_s"]),
+                    f"{r['step_s'] / base['step_s']:.2f}",
+                ]
+            )
+        config = results[0]["config"]
+        _print_table(
+            f"(f) KV cache of one self-attention layer, batch 1, d_model {d_model}, 8 heads "
+            f"(d_head {config.d_head}), RoPE, float32, eval, no grad",
+            ["context", "variant", "KV bytes", "bytes/MHA", "ms/token", "time/MHA"],
+            rows,
+            [
+                "one layer, mhbook.make_attention only (no embedding, FFN or other layers): "
+                "a model's cache is this times its number of layers",
+                "h_kv = key/value heads; MLA in the absorbed form, caching d_latent + d_rope "
+                "numbers per token, GQA-2's budget; window: MHA with a sliding window of W "
+                "keys and a rolling cache of the last W tokens",
+                "the cache holds the layer's keys and values (MLA: latents) of `context` random "
+                "inputs, made by its projections without the prefill's attention; KV bytes: "
+                "the storages of its tensors",
+                f"ms/token: one call decodes {steps} tokens one by one on a copy of the filled "
+                f"cache (each step appends to it by concatenation), median of {rounds} rounds "
+                "that alternate the variants",
             ],
         )
     print("\ndone")

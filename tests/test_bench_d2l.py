@@ -1,6 +1,7 @@
 """The benchmark's Dive into Deep Learning reference (mhbook/bench_d2l.py) computes what
 mhbook computes: its attention with valid lengths equals mhbook's with the same masks, so
-the training-speed ratio of ``python -m mhbook.bench`` compares like with like."""
+the training-speed ratio of ``python -m mhbook.bench`` compares like with like. And the
+KV-cache table (f) fills its caches as a forward pass would and reports their bytes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import torch
 
 import mhbook
 from mhbook import bench_d2l
-from mhbook.bench import D2L_CONFIG, random_translation_batch
+from mhbook.bench import (
+    D2L_CONFIG,
+    cache_bytes,
+    fill_cache,
+    kv_cache_variants,
+    random_translation_batch,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,3 +90,58 @@ def test_bench_only_training_vs_d2l():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "\n(e) " in result.stdout and "mhbook/D2L" in result.stdout
     assert all(f"\n({t}) " not in result.stdout for t in "abcd")
+
+
+def test_bench_only_kv_cache():
+    """``--only kv-cache --quick`` prints table (f) alone: five variants at three contexts,
+    with bytes that scale as the variants' caches do (d_model 64, 8 heads of 8, W = 32)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "mhbook.bench", "--quick", "--threads", "1", "--only", "kv-cache"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "\n(f) " in out and all(f"\n({t}) " not in out for t in "abcde")
+    lines = out[out.index("\n(f) ") :].splitlines()
+    header = lines[2].split()
+    assert header == ["context", "variant", "KV", "bytes", "bytes/MHA", "ms/token", "time/MHA"]
+    rows = [line.split() for line in lines[4:19]]
+    assert lines[19].startswith("  note:")
+    table, ratios = {}, {}
+    for context, *variant, nbytes, bytes_ratio, ms, time_ratio in rows:
+        key = int(context), " ".join(variant)
+        table[key], ratios[key] = int(nbytes.replace(",", "")), float(bytes_ratio)
+        assert float(ms) > 0 and float(time_ratio) > 0
+    d_head, window = 8, 32
+    for L in (32, 128, 512):
+        mha = table[L, "MHA h_kv=8"]
+        assert mha == L * 2 * 8 * d_head * 4  # keys and values, 8 heads, float32
+        assert table[L, "GQA h_kv=2"] == mha // 4
+        assert table[L, "MQA h_kv=1"] == mha // 8
+        assert table[L, "MLA d_c=28+4"] == L * (28 + 4) * 4  # one latent per token
+        assert table[L, f"window W={window}"] == min(L, window) * 2 * 8 * d_head * 4
+    for (L, variant), nbytes in table.items():
+        assert ratios[L, variant] == round(nbytes / table[L, "MHA h_kv=8"], 3)
+
+
+def test_kv_cache_fill_is_what_a_forward_pass_caches():
+    """Table (f)'s caches hold the keys and values (or latents) the layer itself caches in
+    a prefill, and their bytes are their storages' (a view counts its whole storage)."""
+    length = 40
+    for name, config in kv_cache_variants(d_model=32, num_heads=4, window=16).items():
+        torch.manual_seed(0)
+        layer = mhbook.make_attention(config).eval()
+        x = torch.randn(1, length, 32)
+        w = config.window
+        prefilled = mhbook.LayerCache(w)
+        with torch.no_grad():
+            layer(x, mhbook.causal_mask(length, device=x.device, window=w), cache=prefilled)
+            filled = fill_cache(layer, x, w)
+        assert filled.length == prefilled.length == length, name
+        assert len(filled.tensors()) == len(prefilled.tensors()), name
+        for ours, theirs in zip(filled.tensors(), prefilled.tensors()):
+            torch.testing.assert_close(ours, theirs, msg=name)
+        assert cache_bytes(filled) == filled.nbytes == prefilled.nbytes, name
+    cache = mhbook.LayerCache()
+    cache.latent = torch.zeros(1, 10, 4)[:, :5]  # a view of twice its size
+    assert cache.nbytes == 5 * 4 * 4 and cache_bytes(cache) == 10 * 4 * 4
