@@ -119,3 +119,11 @@ def test_bench_quick_runs():
     for table in ("(a)", "(b)", "(c)", "(d)", "(e)", "(f)"):
         assert f"\n{table} " in result.stdout
     assert result.stdout.rstrip().endswith("done")
+
+
+def test_bibliography_parses():
+    """references.bib is valid BibTeX (a missing brace otherwise fails only the book build)."""
+    from pybtex.database import parse_file
+
+    bib = parse_file(str(Path(__file__).resolve().parents[1] / "references.bib"))
+    assert len(bib.entries) > 40
