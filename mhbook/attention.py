@@ -241,29 +241,30 @@ def _check_bias(bias, scores_shape: tuple[int, ...], q: torch.Tensor) -> None:
         )
 
 
+_HEAD_LAYOUTS = {"q": "(batch, h, L, d)", "k": "(batch, h_kv, S, d)", "v": "(batch, h_kv, S, d_v)"}
+
+
 def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    layouts = {
-        "q": "(batch, h, L, d)",
-        "k": "(batch, h_kv, S, d)",
-        "v": "(batch, h_kv, S, d_v)",
-    }
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(
-                f"{name} must have 4 dimensions {layouts[name]}, got shape {tuple(t.shape)}"
+                f"{name} must have 4 dimensions {_HEAD_LAYOUTS[name]}, got shape {tuple(t.shape)}"
             )
     _check_same_dtype_and_device(q=q, k=k, v=v)
+    (batch, h, _, d), (batch_k, h_kv, length_k, d_k) = q.shape, k.shape
+    same = batch == batch_k == v.size(0) and (h_kv, length_k) == v.shape[1:3] and d == d_k
+    if same and h_kv > 0 and h % h_kv == 0:
+        return  # the usual case, checked without building a message
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if not q.size(0) == k.size(0) == v.size(0):
+    if not batch == batch_k == v.size(0):
         raise ValueError(f"q, k and v need the same batch size, got {shapes}")
     if k.shape[1:3] != v.shape[1:3]:
         raise ValueError(f"k and v need the same (h_kv, S): heads and length, got {shapes}")
-    if q.size(3) != k.size(3):
+    if d != d_k:
         raise ValueError(f"q and k need the same feature size d, got {shapes}")
-    if k.size(1) == 0 or q.size(1) % k.size(1) != 0:
-        raise ValueError(
-            f"the number of key/value heads h_kv must divide the number of query heads h, "
-            f"got h={q.size(1)}, h_kv={k.size(1)} ({shapes})"
-        )
+    raise ValueError(
+        f"the number of key/value heads h_kv must divide the number of query heads h, "
+        f"got h={h}, h_kv={h_kv} ({shapes})"
+    )

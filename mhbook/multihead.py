@@ -24,6 +24,13 @@ from . import attention
 
 __all__ = ["MultiHeadAttention"]
 
+#: For each input: the name of its length and width in the error messages, its projection.
+_INPUTS = {
+    "query": ("length", "d_model", "W_q"),
+    "key": ("Lk", "kdim", "W_k"),
+    "value": ("Lk", "vdim", "W_v"),
+}
+
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with ``num_heads`` heads of size ``d_head``.
@@ -217,16 +224,12 @@ class MultiHeadAttention(nn.Module):
         and ``(batch, Lk, vdim)`` on the module's device and of its dtype, all with one
         batch size; key and value of one length."""
         weight = self.W_q.weight
-        # The widths the projections take (a subclass may build them without __init__).
-        expected = {
-            "query": ("length", "d_model", self.W_q.in_features),
-            "key": ("Lk", "kdim", self.W_k.in_features),
-            "value": ("Lk", "vdim", self.W_v.in_features),
-        }
         for name, x in inputs.items():
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-            length, size_name, size = expected[name]
+            length, size_name, projection = _INPUTS[name]
+            # The width its projection takes (a subclass may build them without __init__).
+            size = getattr(self, projection).in_features
             if x.dim() != 3 or x.size(-1) != size:
                 raise ValueError(
                     f"{name} must have shape (batch, {length}, {size_name}={size}), "
