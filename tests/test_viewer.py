@@ -22,6 +22,7 @@ from mhbook.explorers import svg, viewer  # noqa: E402
 from mhbook.train import valid_loss  # noqa: E402
 
 NUM_TEST = 24
+THREADS_BEFORE = torch.get_num_threads()
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +118,10 @@ def test_ablations_are_those_of_head_mask(view, model_and_data):
         finally:
             model.get_submodule(name).head_mask = None
     assert view.loss == pytest.approx(valid_loss(model, data, "test", 10))
-    # viewer_data leaves every head on
+    # viewer_data leaves every head on, and PyTorch's thread count as it was
+    assert torch.get_num_threads() == THREADS_BEFORE
     assert all(
-        m.head_mask is None
-        for m in model.modules()
-        if isinstance(m, mhbook.MultiHeadAttention)
+        m.head_mask is None for m in model.modules() if isinstance(m, mhbook.MultiHeadAttention)
     )
     # an untrained model's translations change when a head goes
     assert any(view.head_translation[h] != view.translation for h in view.heads)

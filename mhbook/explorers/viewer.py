@@ -211,6 +211,7 @@ def viewer_data(
     split: str = "test",
     batch_size: int = 500,
     max_len: int | None = None,
+    num_threads: int | None = 1,
 ) -> ViewerData:
     """Record what the viewer shows, for every number of ``split`` (see :class:`ViewerData`).
 
@@ -218,7 +219,7 @@ def viewer_data(
     head is then removed in turn with ``head_mask``, as chapter 7 does: one teacher-forced
     pass for its loss (:func:`mhbook.train.valid_loss`) and one batched greedy decoding of
     the split. For the book's model and the 1,000 test numbers that is 25 passes and 25
-    decodings, about 20 s of CPU time on one thread.
+    decodings, about 20 s on one CPU thread.
 
     Args:
         model: a trained :class:`mhbook.Transformer` (the book's model).
@@ -226,8 +227,11 @@ def viewer_data(
         split: ``"test"`` (default), ``"valid"`` or ``"train"``.
         batch_size: sentences per batch.
         max_len: at most this many French tokens; default: the longest target plus 5.
+        num_threads: on a CPU, run PyTorch on this many threads meanwhile (``None``: as it
+            is). One thread, the default, as :func:`mhbook.train.fit` trains: small batches
+            gain little from more, and threads that wait for a busy core lose a lot.
     """
-    from ..train import valid_loss  # here: explorers must not import training at import time
+    from ..train import cpu_threads, valid_loss  # here: explorers do not import training
 
     device = next(model.parameters()).device
     if max_len is None:
@@ -243,45 +247,46 @@ def viewer_data(
     pairs = data.pairs(split)
     english = [en for en, _ in pairs]
     tgt_tokens = data.tgt_vocab.id_to_token
-    try:
-        out_ids = _greedy_ids(model, data, english, device, max_len, batch_size)
-        weights = _teacher_forced_weights(model, data, english, out_ids, device, batch_size)
+    with cpu_threads(num_threads if device.type == "cpu" else None):
+        try:
+            out_ids = _greedy_ids(model, data, english, device, max_len, batch_size)
+            weights = _teacher_forced_weights(model, data, english, out_ids, device, batch_size)
 
-        specials = {data.tgt_vocab.pad_id, data.tgt_vocab.bos_id, data.tgt_vocab.eos_id}
+            specials = {data.tgt_vocab.pad_id, data.tgt_vocab.bos_id, data.tgt_vocab.eos_id}
 
-        def words(ids: list[int]) -> str:  # as data.translate writes them
-            return detokenize(tgt_tokens[i] for i in ids if i not in specials)
+            def words(ids: list[int]) -> str:  # as data.translate writes them
+                return detokenize(tgt_tokens[i] for i in ids if i not in specials)
 
-        view = ViewerData(
-            split=split,
-            numbers=list(data.numbers[split]),
-            english=english,
-            reference=[fr for _, fr in pairs],
-            translation=[words(o) for o in out_ids],
-            src_tokens=[
-                data.src_vocab.decode(data.src_vocab.encode(tokenize(en))) + ["<eos>"]
-                for en in english
-            ],
-            out_tokens=[[tgt_tokens[i] for i in o] for o in out_ids],
-            weights=weights,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            loss=valid_loss(model, data, split, batch_size),
-            head_loss={},
-            head_translation={},
-        )
-        for name, i in view.heads:  # remove one head at a time, as chapter 7 does
-            mask = torch.ones(num_heads, device=device)
-            mask[i] = 0.0
-            layers[name].head_mask = mask
-            view.head_loss[name, i] = valid_loss(model, data, split, batch_size)
-            ablated = _greedy_ids(model, data, english, device, max_len, batch_size)
-            view.head_translation[name, i] = [words(o) for o in ablated]
-            layers[name].head_mask = None
-    finally:
-        for name, layer in layers.items():
-            layer.head_mask = saved_masks[name]
-        model.train(was_training)
+            view = ViewerData(
+                split=split,
+                numbers=list(data.numbers[split]),
+                english=english,
+                reference=[fr for _, fr in pairs],
+                translation=[words(o) for o in out_ids],
+                src_tokens=[
+                    data.src_vocab.decode(data.src_vocab.encode(tokenize(en))) + ["<eos>"]
+                    for en in english
+                ],
+                out_tokens=[[tgt_tokens[i] for i in o] for o in out_ids],
+                weights=weights,
+                num_layers=num_layers,
+                num_heads=num_heads,
+                loss=valid_loss(model, data, split, batch_size),
+                head_loss={},
+                head_translation={},
+            )
+            for name, i in view.heads:  # remove one head at a time, as chapter 7 does
+                mask = torch.ones(num_heads, device=device)
+                mask[i] = 0.0
+                layers[name].head_mask = mask
+                view.head_loss[name, i] = valid_loss(model, data, split, batch_size)
+                ablated = _greedy_ids(model, data, english, device, max_len, batch_size)
+                view.head_translation[name, i] = [words(o) for o in ablated]
+                layers[name].head_mask = None
+        finally:
+            for name, layer in layers.items():
+                layer.head_mask = saved_masks[name]
+            model.train(was_training)
     return view
 
 
