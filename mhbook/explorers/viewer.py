@@ -1,6 +1,6 @@
 """The attention viewer of chapters 6 and 7: the trained model's attention on every test number.
 
-:func:`viewer_data` runs the book's model over a whole split (the 1,000 test numbers) once
+``viewer_data`` runs the book's model over a whole split (the 1,000 test numbers) once
 and keeps, for every number:
 
 * the English tokens and the model's own greedy translation (its French tokens);
@@ -15,13 +15,13 @@ and keeps, for every number:
 and, per head, the teacher-forced loss of the split (on the reference translations) with
 that head removed. Two views show it:
 
-* :func:`attention_viewer_html`: self-contained HTML and JavaScript (``static/viewer.js``),
+* ``attention_viewer_html``: self-contained HTML and JavaScript (``static/viewer.js``),
   no kernel and no download, for the static book. The weights travel quantised to ``uint8``
   (``round(255 w)``, so a weight is shown within ``1/510`` of its value), deflated with
-  :mod:`zlib` and base64-encoded; the browser inflates them with ``DecompressionStream``.
-  :func:`viewer_payload` builds that data and :func:`payload_weights` decodes it again, the
+  ``zlib`` and base64-encoded; the browser inflates them with ``DecompressionStream``.
+  ``viewer_payload`` builds that data and ``payload_weights`` decodes it again, the
   way the JavaScript does, for the tests.
-* :func:`attention_viewer`: an ipywidgets twin for Jupyter and Colab (needs a kernel).
+* ``attention_viewer``: an ipywidgets twin for Jupyter and Colab (needs a kernel).
 """
 
 from __future__ import annotations
@@ -96,12 +96,12 @@ def quantise(weights) -> np.ndarray:
 
 @dataclass
 class ViewerData:
-    """What :func:`viewer_data` recorded for every number of a split.
+    """What ``viewer_data`` recorded for every number of a split.
 
     Per number ``n`` (lists in the split's order): ``english[n]``, ``reference[n]`` and the
     model's greedy ``translation[n]`` (strings); ``src_tokens[n]``, the ``S`` English tokens
     with ``<eos>``; ``out_tokens[n]``, the ``T`` French tokens the model generated, ending
-    with ``<eos>`` (what the decoder *predicts*; it *reads* :meth:`tgt_in_tokens`);
+    with ``<eos>`` (what the decoder *predicts*; it *reads* ``tgt_in_tokens``);
     ``weights[n]``, ``{layer name: (num_heads, Lq, Lk) float32}`` for the six attention
     layers, with ``(Lq, Lk)`` = ``(S, S)``, ``(T, T)`` or ``(T, S)`` by kind.
 
@@ -213,7 +213,7 @@ def viewer_data(
     max_len: int | None = None,
     num_threads: int | None = 1,
 ) -> ViewerData:
-    """Record what the viewer shows, for every number of ``split`` (see :class:`ViewerData`).
+    """Record what the viewer shows, for every number of ``split`` (see ``ViewerData``).
 
     The weights come from one teacher-forced pass over the model's own greedy output. Each
     head is then removed in turn with ``head_mask``, as chapter 7 does: one teacher-forced
@@ -309,14 +309,14 @@ def _head_label(kind: int, layer: int, i: int) -> str:
 def viewer_payload(view: ViewerData) -> dict:
     """The JSON the JavaScript gets: plain metadata and two packed blobs.
 
-    * ``weights``: the ``uint8`` weights (:func:`quantise`) of every number, in the split's
-      order; per number, kind by kind (:data:`KINDS`), layer by layer, head by head, each
+    * ``weights``: the ``uint8`` weights (``quantise``) of every number, in the split's
+      order; per number, kind by kind (``KINDS``), layer by layer, head by head, each
       ``(Lq, Lk)`` map row by row, with ``(Lq, Lk)`` = ``(S, S)``, ``(T, T)``, ``(T, S)``.
-      Decode with :func:`payload_weights`.
+      Decode with ``payload_weights``.
     * ``text``: JSON with ``src`` and ``out`` (the tokens that give ``S`` and ``T``),
       ``english``, ``reference``, ``translation`` and ``ablated``: per head, the
       ``[index, translation]`` pairs of the numbers whose translation changes without that
-      head. Decode with :func:`payload_text`.
+      head. Decode with ``payload_text``.
 
     ``heads`` lists every head in the viewer's order with its ``loss`` and ``exact`` (the
     fraction translated exactly right) when it is removed; ``loss`` and ``exact`` at the top
@@ -374,12 +374,12 @@ def viewer_payload(view: ViewerData) -> dict:
 
 
 def payload_text(payload: dict) -> dict:
-    """The ``text`` blob of :func:`viewer_payload`, unpacked."""
+    """The ``text`` blob of ``viewer_payload``, unpacked."""
     return json.loads(_unpack(payload["text"]).decode("utf-8"))
 
 
 def payload_weights(payload: dict) -> list[dict[str, np.ndarray]]:
-    """The weights of :func:`viewer_payload`, unpacked as the JavaScript reads them:
+    """The weights of ``viewer_payload``, unpacked as the JavaScript reads them:
     ``[{layer name: (num_heads, Lq, Lk) uint8}]``, one dict per number."""
     raw = np.frombuffer(_unpack(payload["weights"]), dtype=np.uint8)
     text = payload_text(payload)
@@ -524,7 +524,7 @@ def attention_viewer_html(
     Elements a test can use (``{id}`` is the root's id, ``mhbook-viewer-1``, ... in a fresh
     kernel): the root ``div.mhbook-explorer.mhbook-viewer`` (``data-ready="true"`` once the
     data is unpacked and drawn), its data ``script.mhbook-explorer-data``
-    (:func:`viewer_payload`), ``input#{id}-number``, ``select#{id}-pick`` (values: indices
+    (``viewer_payload``), ``input#{id}-number``, ``select#{id}-pick`` (values: indices
     into the split), ``select#{id}-kind`` (0, 1, 2), ``select#{id}-layer`` and
     ``select#{id}-head`` (``all`` or 0, 1, ...), the radio buttons ``input[name={id}-remove]``
     (value -1 or a head index), ``.mhbook-viewer-sentence`` and ``.mhbook-viewer-effect``
@@ -532,9 +532,9 @@ def attention_viewer_html(
     ``data-kind``, ``data-layer``, ``data-head`` and ``data-weights`` (rounded to 4 decimals).
 
     Args:
-        view: from :func:`viewer_data`.
+        view: from ``viewer_data``.
         number: the number shown first (default: the smallest of the split).
-        kind: the kind shown first, one of the names in :data:`KINDS`.
+        kind: the kind shown first, one of the names in ``KINDS``.
         layer, head: shown first, 0-based; ``None`` = all.
         remove: the head removed first, ``(layer name, head index)``, or ``None``.
         ablation_first: put the ablation panel above the maps (chapter 7).
