@@ -67,6 +67,12 @@ function labels(n, kind) {
   return [[src, src], [read, read], [out, src]][kind];
 }
 
+// The largest cell that fits `perRow` maps of `cols` columns side by side.
+function fitCell(left, cols, perRow) {
+  const budget = (Math.max(mapsBox.clientWidth, 320) - 14 * (perRow - 1)) / perRow;
+  return Math.floor((budget - left - 8) / cols);
+}
+
 // One heatmap, laid out as heatmap_svg (svg.py) lays out its own (same classes), sized to
 // its tokens; drawHeatmap (heatmap.js) colours it. Small maps (a grid of `perRow` heads in
 // a row) get cells of 9 to 15 pixels, so that a row of heads fits the page.
@@ -78,9 +84,7 @@ function mapMarkup(n, kind, layer, head, small, perRow) {
   const removed = state.remove >= 0 && data.heads[state.remove].kind === kind &&
     data.heads[state.remove].layer === layer && data.heads[state.remove].head === head;
   const left = 8 + charW * longest(rowLabels);
-  const budget = (Math.max(mapsBox.clientWidth, 320) - 14 * (perRow - 1)) / perRow;
-  const fit = Math.floor((budget - left - 8) / colLabels.length);
-  const cell = small ? Math.max(9, Math.min(15, fit)) : 34;
+  const cell = small ? Math.max(9, Math.min(15, fitCell(left, colLabels.length, perRow))) : 34;
   const top = 22;
   const gridW = colLabels.length * cell;
   const gridH = rowLabels.length * cell;
@@ -132,10 +136,19 @@ function render() {
   const heads = headSelect.value === "all" ? range(H) : [Number(headSelect.value)];
   const small = layers.length * heads.length > 1;
   const k = data.kinds[kind];
-  const rows = layers.map((layer) =>
-    `<div class="mhbook-viewer-row">` +
-    heads.map((head) => mapMarkup(n, kind, layer, head, small, heads.length)).join("") +
-    "</div>");
+  // Heads side by side; where a row of them does not fit with cells of 9 pixels, half a row.
+  const [rowLabels, colLabels] = labels(n, kind);
+  const left = 8 + 6.2 * Math.max(...rowLabels.map((t) => t.length));
+  let perRow = heads.length;
+  while (perRow > 1 && fitCell(left, colLabels.length, perRow) < 9) perRow = Math.ceil(perRow / 2);
+  const rows = [];
+  for (const layer of layers) {
+    for (let start = 0; start < heads.length; start += perRow) {
+      const group = heads.slice(start, start + perRow);
+      rows.push(`<div class="mhbook-viewer-row">` +
+        group.map((head) => mapMarkup(n, kind, layer, head, small, perRow)).join("") + "</div>");
+    }
+  }
   mapsBox.classList.toggle("mhbook-viewer-small", small);
   mapsBox.innerHTML =
     `<p class="mhbook-viewer-caption">${esc(k.name)} of ${spaced(data.numbers[n])}: ` +
