@@ -391,6 +391,139 @@ def test_attention_explorer_moves(visit):
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
 
 
+# ---- viewer ch6
+# Chapter 6's attention viewer (mhbook/explorers/viewer.py): typed into, switched and ablated
+# with the keyboard; every map it draws must hold the payload's weights and tokens.
+
+READ_VIEWER = """
+(root) => ({
+  maps: Array.from(root.querySelectorAll("svg.mhbook-viewer-map")).map((svg) => ({
+    index: Number(svg.dataset.index),
+    kind: Number(svg.dataset.kind),
+    layer: Number(svg.dataset.layer),
+    head: Number(svg.dataset.head),
+    weights: JSON.parse(svg.getAttribute("data-weights")),
+    values: Array.from(svg.querySelectorAll(".mhbook-explorer-value")).map((t) => t.textContent),
+    rows: Array.from(svg.querySelectorAll(".mhbook-explorer-query")).map((t) => t.textContent),
+    cols: Array.from(svg.querySelectorAll(".mhbook-explorer-key")).map((t) => t.textContent),
+    role: svg.getAttribute("role"),
+    label: svg.getAttribute("aria-label"),
+    removed: svg.classList.contains("mhbook-viewer-removed"),
+  })),
+  picture: root.querySelector(".mhbook-viewer-maps").innerHTML,
+  sentence: root.querySelector(".mhbook-viewer-sentence").textContent,
+  effect: root.querySelector(".mhbook-viewer-effect").textContent,
+  broken: Array.from(root.querySelectorAll(".mhbook-viewer-broken button"))
+    .map((b) => Number(b.dataset.index)),
+  number: root.querySelector("input.mhbook-viewer-number").value,
+  pick: root.querySelector("select.mhbook-viewer-pick").value,
+})
+"""
+
+
+def _viewer_maps_agree(state: dict, payload: dict) -> None:
+    """Every map drawn holds the payload's weights (data-weights, rounded to 4 decimals) and
+    its tokens on both axes."""
+    from mhbook.explorers import viewer
+
+    decoded = viewer.payload_weights(payload)
+    text = viewer.payload_text(payload)
+    assert state["maps"], "the viewer drew no map"
+    for m in state["maps"]:
+        n, kind = m["index"], m["kind"]
+        want = decoded[n][viewer.layer_name(kind, m["layer"])][m["head"]] / 255
+        np.testing.assert_allclose(np.array(m["weights"]), want, atol=5.1e-5)
+        src, out = text["src"][n], text["out"][n]
+        read = ["<bos>"] + out[:-1]
+        assert (m["rows"], m["cols"]) == [(src, src), (read, read), (out, src)][kind]
+        assert m["role"] == "img" and payload["kinds"][kind]["name"] in m["label"]
+
+
+def test_attention_viewer_ch6(visit):
+    """Chapter 6's viewer: type a test number, change layer, head and kind, remove a head, all
+    with the keyboard; the picture and the text follow, with the payload's weights."""
+    from mhbook.explorers import viewer
+
+    chapter6 = [p for p in PAGES if Path(p.file).name.startswith("06")]
+    assert chapter6, "no chapter 06 in _toc.yml"
+    tab = visit.open(chapter6[0].html)
+    roots = tab.locator("div.mhbook-viewer")
+    assert roots.count() >= 1, f"{chapter6[0].html} holds no div.mhbook-viewer"
+    root = roots.first
+    root.scroll_into_view_if_needed()
+    uid = root.get_attribute("id")
+    tab.wait_for_selector(f"#{uid}[data-ready='true']")
+    payload = json.loads(root.locator("script.mhbook-explorer-data").text_content())
+    text = viewer.payload_text(payload)
+    L, H = payload["numLayers"], payload["numHeads"]
+    first = root.evaluate(READ_VIEWER)
+    assert len(first["maps"]) == L * H  # all layers and heads of one kind
+    _viewer_maps_agree(first, payload)
+    root.screenshot(path=str(SCREENSHOTS / "viewer-ch6-first.png"))
+
+    # Type another test number (the longest sentence) and press Enter.
+    n = max(range(len(payload["numbers"])), key=lambda i: len(text["src"][i]))
+    number_box = root.locator("input.mhbook-viewer-number")
+    number_box.focus()
+    tab.keyboard.press("Control+A")
+    tab.keyboard.type(f"{payload['numbers'][n]:,}".replace(",", " "))
+    tab.keyboard.press("Enter")
+    typed = root.evaluate(READ_VIEWER)
+    assert {m["index"] for m in typed["maps"]} == {n}, "typing a number did not show it"
+    assert typed["pick"] == str(n) and text["english"][n] in typed["sentence"]
+    assert typed["picture"] != first["picture"]
+    _viewer_maps_agree(typed, payload)
+
+    # One layer, one head, another kind: arrow keys on the menus.
+    for menu, key, times in [
+        ("layer", "ArrowDown", 2),
+        ("head", "ArrowDown", 2),
+        ("kind", "ArrowUp", 1),
+    ]:
+        root.locator(f"select.mhbook-viewer-{menu}").focus()
+        for _ in range(times):
+            tab.keyboard.press(key)
+    one = root.evaluate(READ_VIEWER)
+    assert [(m["kind"], m["layer"], m["head"]) for m in one["maps"]] == [(1, 1, 1)], one["maps"]
+    assert one["picture"] != typed["picture"]
+    m = one["maps"][0]
+    assert m["values"] == [f"{v:.2f}" for row in m["weights"] for v in row]  # values written
+    _viewer_maps_agree(one, payload)
+
+    # Remove the head on show: focus its radio button and press Space.
+    j = (1 * L + 1) * H + 1
+    info = payload["heads"][j]
+    assert (info["kind"], info["layer"], info["head"]) == (1, 1, 1)
+    root.locator(f"#{uid}-remove-{j}").focus()
+    tab.keyboard.press("Space")
+    removed = root.evaluate(READ_VIEWER)
+    assert removed["effect"] != one["effect"] and info["label"] in removed["effect"]
+    assert f"{100 * info['exact']:.1f}%" in removed["effect"]
+    ablated = dict(text["ablated"][j]).get(n, text["translation"][n])
+    assert f"becomes {ablated} (" in removed["effect"]
+    assert removed["maps"][0]["removed"] and "(removed)" in removed["picture"]
+    # the numbers it changes, those it makes wrong first, at most 12
+    changes = [(m, fr != text["reference"][m]) for m, fr in text["ablated"][j]]
+    changes.sort(key=lambda c: (not c[1], payload["numbers"][c[0]]))
+    assert removed["broken"] == [m for m, _ in changes[:12]]
+    root.screenshot(path=str(SCREENSHOTS / "viewer-ch6-ablated.png"))
+
+    # A number the removal changes: its button, pressed with Enter, shows it.
+    if removed["broken"]:
+        other = removed["broken"][0]
+        root.locator(f".mhbook-viewer-broken button[data-index='{other}']").focus()
+        tab.keyboard.press("Enter")
+        shown = root.evaluate(READ_VIEWER)
+        assert {m["index"] for m in shown["maps"]} == {other}
+        assert shown["number"] == str(payload["numbers"][other])
+        assert f"becomes {dict(text['ablated'][j])[other]} (" in shown["effect"]
+        _viewer_maps_agree(shown, payload)
+    assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
+
+
+# ---- end viewer ch6
+
+
 # --------------------------------------------------------------------------- accessibility
 
 # axe-core, the accessibility engine of Deque, as the pinned axe-playwright-python ships it
