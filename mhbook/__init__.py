@@ -78,6 +78,8 @@ _LAZY = {
     "explorer_weights": "explorers",
     "focus_preset": "explorers",
     "explorer_title": "explorers",
+    "explorer_attention": "explorers",
+    "explorer_presets": "explorers",
 }
 
 
