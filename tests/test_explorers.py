@@ -271,3 +271,225 @@ def test_attention_explorer_redraws_in_a_browser(open_page):
     assert page.locator(f"#{uid}-preset").input_value() == "0"
     np.testing.assert_allclose(drawn(heatmap), before)
     np.testing.assert_allclose(drawn(page.locator(f"#{other}-heatmap")), before)  # untouched
+
+
+# -- chapter 2: the softmax, d_k and the temperature ----------------------------------
+
+DIMS = [4, 16, 64, 256, 1024]
+
+
+def _softmax_data(num_queries: int = 3, num_keys: int = 8):
+    g = torch.Generator().manual_seed(0)
+    raw = torch.stack(
+        [
+            (torch.randn(num_queries, 1, d, generator=g, dtype=torch.float64)
+             @ torch.randn(num_queries, d, num_keys, generator=g, dtype=torch.float64))[:, 0]
+            for d in DIMS
+        ]
+    )  # fmt: skip
+    return raw, torch.randn(len(DIMS), num_queries, num_keys, generator=g, dtype=torch.float64)
+
+
+def test_softmax_stats_match_the_closed_forms():
+    raw, up = _softmax_data()
+    st = explorers.softmax_stats(raw[2, 0], up[2, 0], 64, scaled=True, temperature=0.5)
+    s = raw[2, 0] / 8 / 0.5
+    a = torch.softmax(s, -1)
+    J = torch.diag(a) - torch.outer(a, a)
+    np.testing.assert_allclose(st["weights"], a.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(st["jacobian_norm"], J.norm().item(), rtol=1e-6)
+    np.testing.assert_allclose(st["jacobian_max"], J.abs().max().item(), rtol=1e-6)
+    g = up[2, 0]
+    np.testing.assert_allclose(st["grad_norm"], (a * (g - (a * g).sum())).norm().item(), rtol=1e-6)
+    np.testing.assert_allclose(st["entropy"], -(a * a.log()).sum().item(), rtol=1e-6)
+    # raw scores at d_k = 1024 saturate: a near one-hot row passes back almost nothing
+    cold = explorers.softmax_stats(raw[-1, 0], up[-1, 0], 1024, scaled=False)
+    warm = explorers.softmax_stats(raw[-1, 0], up[-1, 0], 1024, scaled=True)
+    assert cold["jacobian_norm"] < 0.01 < warm["jacobian_norm"]
+    with pytest.raises(ValueError, match="temperature"):
+        explorers.softmax_stats(raw[0, 0], up[0, 0], 4, temperature=0.0)
+
+
+def test_softmax_explorer_html():
+    raw, up = _softmax_data()
+    html = explorers.softmax_explorer_html(DIMS, raw, up, start=1).data
+    assert_self_contained(html)
+    uid = root_id(html)
+    assert uid.startswith("mhbook-softmax-")
+    for suffix in ["-dk", "-temperature", "-query", "-scaled", "-weights", "-norms", "-readouts"]:
+        assert f'id="{uid}{suffix}"' in html
+    data = explorer_data(html)
+    assert data["dims"] == DIMS
+    np.testing.assert_allclose(data["raw"], raw.numpy(), atol=1e-9)
+    first = json.loads(re.search(r"data-values='([^']+)'", html).group(1))
+    want = explorers.softmax_stats(raw[1, 0], up[1, 0], 16)["weights"]
+    np.testing.assert_allclose(first, want, atol=1e-4)  # the first picture, before any JS
+    assert root_id(explorers.softmax_explorer_html(DIMS, raw, up).data) != uid
+    with pytest.raises(ValueError, match="num_queries"):
+        explorers.softmax_explorer_html(DIMS, raw[:, 0], up[:, 0])
+
+
+def test_softmax_widget_follows_its_controls():
+    pytest.importorskip("ipywidgets")
+    raw, up = _softmax_data()
+    ui = explorers.softmax_explorer(DIMS, raw, up)
+    ui.d_k.value, ui.scaled.value, ui.query.value, ui.temperature.value = 1024, False, 2, 2.0
+    want = explorers.softmax_stats(raw[-1, 2], up[-1, 2], 1024, False, 2.0)
+    assert ui.stats == want
+
+
+def test_softmax_explorer_redraws_in_a_browser(open_page):
+    raw, up = _softmax_data()
+    page = open_page(explorers.softmax_explorer_html(DIMS, raw, up, start=0).data)
+    uid = page.eval_on_selector(".mhbook-explorer", "e => e.id")
+    readouts = page.locator(f"#{uid}-readouts")
+    bars = page.locator(f"#{uid}-weights")
+    before = bars.inner_html()
+    page.locator(f"#{uid}-dk").focus()
+    page.keyboard.press("End")  # d_k = 1024
+    page.locator(f"#{uid}-scaled").press("Space")  # untick: raw scores
+    page.locator(f"#{uid}-query").fill("2")
+    page.locator(f"#{uid}-temperature").fill("0.5")
+    assert bars.inner_html() != before
+    shown = json.loads(readouts.get_attribute("data-stats"))
+    want = explorers.softmax_stats(raw[-1, 2], up[-1, 2], 1024, scaled=False, temperature=0.5)
+    for name, value in want.items():
+        np.testing.assert_allclose(shown[name], value, rtol=1e-5, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(drawn(bars, "data-values"), want["weights"], atol=1e-4)
+
+
+# -- chapter 3: the mask builder --------------------------------------------------------
+
+SCORES = torch.randn(6, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+def test_explorer_mask_matches_the_library():
+    from mhbook import causal_mask, padding_mask
+
+    m = explorers.explorer_mask(3, 5, 4, "bottom-right")
+    assert torch.equal(m, causal_mask(3, 5) & padding_mask(torch.tensor([4]), 5)[0, 0])
+    assert torch.equal(explorers.explorer_mask(3, 5, 5, "top-left"), torch.ones(3, 5).tril().bool())
+    assert (
+        explorers.explorer_mask(3, 5, 2, "none").tolist() == [[True, True, False, False, False]] * 3
+    )
+    wide = explorers.explorer_mask(6, 4, 4, "bottom-right")  # Lq > Lk: two rows see no key
+    assert wide.any(-1).tolist() == [False, False, True, True, True, True]
+    w = explorers.masked_weights(SCORES[:6, :4], wide)
+    assert (w[:2] == 0).all() and np.allclose(w[2:].sum(-1), 1)
+    assert not np.isnan(w).any()
+    s = SCORES[:6, :4].masked_fill(~wide, float("-inf"))[2:]
+    np.testing.assert_allclose(w[2:], torch.softmax(s, -1).numpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match="causal"):
+        explorers.explorer_mask(2, 2, 2, "diagonal")
+
+
+def test_mask_explorer_html():
+    html = explorers.mask_explorer_html(SCORES, 4, 6, 5, "top-left").data
+    assert_self_contained(html)
+    uid = root_id(html)
+    assert uid.startswith("mhbook-masks-")
+    for suffix in ["-lq", "-lk", "-valid", "-causal", "-mask", "-weights"]:
+        assert f'id="{uid}{suffix}"' in html
+    mask = explorers.explorer_mask(4, 6, 5, "top-left")
+    shown = json.loads(re.search(r'-mask"[^>]*data-weights=\'([^\']+)\'', html).group(1))
+    assert np.array(shown)[:4, :6].tolist() == mask.double().tolist()
+    assert ">True</text>" in html and ">False</text>" in html
+    # rows 4 and 5 are laid out for larger shapes but hidden
+    assert re.search(r'class="mhbook-explorer-query" data-i="5"[^>]*visibility="hidden"', html)
+    assert root_id(explorers.mask_explorer_html(SCORES).data) != uid
+
+
+def test_mask_widget_follows_its_controls():
+    pytest.importorskip("ipywidgets")
+    ui = explorers.mask_explorer(SCORES)
+    ui.lq.value, ui.lk.value, ui.causal.value = 6, 4, "bottom-right"
+    want = explorers.explorer_mask(6, 4, 4, "bottom-right")
+    assert torch.equal(ui.mask, want) and (ui.weights[:2] == 0).all()
+
+
+def test_mask_explorer_redraws_in_a_browser(open_page):
+    page = open_page(explorers.mask_explorer_html(SCORES, 4, 6).data)
+    uid = page.eval_on_selector(".mhbook-explorer", "e => e.id")
+    mask_svg, weights_svg = page.locator(f"#{uid}-mask"), page.locator(f"#{uid}-weights")
+    before = mask_svg.inner_html()
+    page.locator(f"#{uid}-lq").fill("6")
+    page.locator(f"#{uid}-lk").focus()
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowLeft")  # Lk = 4 < Lq = 6, bottom-right
+    assert mask_svg.inner_html() != before
+    want = explorers.explorer_mask(6, 4, 4, "bottom-right")
+    assert drawn(mask_svg).tolist() == want.double().tolist()
+    np.testing.assert_allclose(
+        drawn(weights_svg), explorers.masked_weights(SCORES[:6, :4], want), atol=1e-4
+    )
+    assert "no key for q0, q1" in weights_svg.locator(".mhbook-explorer-subtitle").text_content()
+    page.locator(f"#{uid}-valid").fill("2")
+    page.select_option(f"#{uid}-causal", "top-left")
+    want = explorers.explorer_mask(6, 4, 2, "top-left")
+    assert drawn(mask_svg).tolist() == want.double().tolist()
+    np.testing.assert_allclose(
+        drawn(weights_svg), explorers.masked_weights(SCORES[:6, :4], want), atol=1e-4
+    )
+    hidden = mask_svg.locator(".mhbook-explorer-key[data-j='5']").get_attribute("visibility")
+    assert hidden == "hidden"
+
+
+# -- chapter 5: positional encoding ---------------------------------------------------
+
+
+def test_positional_reference_is_the_library():
+    from mhbook import sinusoidal_encoding
+    from mhbook.explorers import positional
+
+    P = positional.encoding(20, 8)
+    np.testing.assert_array_equal(P, sinusoidal_encoding(20, 8, dtype=torch.float64).numpy())
+    offsets, dots = positional.offset_dots(5, 20, 8)
+    assert offsets == list(range(-5, 15))
+    np.testing.assert_allclose(dots, P[5] @ P.T, rtol=1e-12)
+    omegas = 10000.0 ** (-np.arange(0, 8, 2) / 8)
+    np.testing.assert_allclose(dots, [np.cos(omegas * k).sum() for k in offsets], atol=1e-12)
+
+
+def test_positional_explorer_html():
+    from mhbook.explorers import positional
+
+    html = explorers.positional_explorer_html(32, 16, t=3, s=7, i=2).data
+    assert_self_contained(html)
+    uid = root_id(html)
+    assert uid.startswith("mhbook-positional-")
+    for suffix in ["-t", "-s", "-i", "-code", "-column", "-dots", "-readouts"]:
+        assert f'id="{uid}{suffix}"' in html
+    code = json.loads(re.search(r"data-values='([^']+)'", html).group(1))
+    np.testing.assert_allclose(code, positional.encoding(32, 16)[3], atol=1e-4)
+    with pytest.raises(ValueError, match="even"):
+        explorers.positional_explorer_html(32, 15)
+
+
+def test_positional_widget_follows_its_controls():
+    pytest.importorskip("ipywidgets")
+    from mhbook.explorers import positional
+
+    ui = explorers.positional_explorer(32, 16)
+    ui.t.value, ui.s.value = 20, 2
+    P = positional.encoding(32, 16)
+    np.testing.assert_allclose(ui.dot, P[20] @ P[2])
+
+
+def test_positional_explorer_redraws_in_a_browser(open_page):
+    from mhbook.explorers import positional
+
+    page = open_page(explorers.positional_explorer_html(64, 32).data)
+    uid = page.eval_on_selector(".mhbook-explorer", "e => e.id")
+    code = page.locator(f"#{uid}-code")
+    before = code.inner_html()
+    page.locator(f"#{uid}-t").fill("40")
+    page.locator(f"#{uid}-i").focus()
+    page.keyboard.press("ArrowRight")  # i = 5
+    page.locator(f"#{uid}-s").fill("50")
+    assert code.inner_html() != before
+    P = positional.encoding(64, 32)
+    np.testing.assert_allclose(drawn(code, "data-values"), P[40], atol=1e-4)
+    shown = json.loads(page.locator(f"#{uid}-readouts").get_attribute("data-stats"))
+    np.testing.assert_allclose(shown["dot"], P[40] @ P[50], rtol=1e-6)
+    np.testing.assert_allclose(shown["value"], P[40, 5], atol=1e-7)
+    np.testing.assert_allclose(shown["dots"], positional.offset_dots(40, 64, 32)[1], rtol=1e-6)

@@ -3,6 +3,10 @@ ipywidgets twins (need a kernel).
 
 * :mod:`mhbook.explorers.attention`: chapter 1's explorer of ``W_query``, ``W_key`` and
   ``W_value``.
+* :mod:`mhbook.explorers.softmax`: chapter 2's ``d_k`` and temperature explorer of the
+  softmax, its Jacobian and its gradient.
+* :mod:`mhbook.explorers.masks`: chapter 3's mask builder (padding, causal alignment).
+* :mod:`mhbook.explorers.positional`: chapter 5's explorer of the sinusoidal encoding.
 * :mod:`mhbook.explorers.svg`: what every explorer shares: the SVG heatmap, bar and line
   charts (redrawn by ``static/heatmap.js`` and ``static/charts.js``), the colour scale,
   and :func:`~mhbook.explorers.svg.embed`, which inlines an explorer's JavaScript, CSS and
@@ -11,7 +15,7 @@ ipywidgets twins (need a kernel).
 Importing this package does not import matplotlib or ipywidgets; drawing does.
 """
 
-from . import attention, svg
+from . import attention, masks, positional, softmax, svg
 from .attention import (
     attention_explorer,
     attention_explorer_html,
@@ -21,6 +25,9 @@ from .attention import (
     explorer_weights,
     focus_preset,
 )
+from .masks import explorer_mask, mask_explorer, mask_explorer_html, masked_weights
+from .positional import positional_explorer, positional_explorer_html
+from .softmax import softmax_explorer, softmax_explorer_html, softmax_stats
 
 __all__ = [
     "attention_explorer",
@@ -30,6 +37,18 @@ __all__ = [
     "explorer_presets",
     "focus_preset",
     "explorer_title",
+    "softmax_explorer",
+    "softmax_explorer_html",
+    "softmax_stats",
+    "mask_explorer",
+    "mask_explorer_html",
+    "explorer_mask",
+    "masked_weights",
+    "positional_explorer",
+    "positional_explorer_html",
     "attention",
+    "softmax",
+    "masks",
+    "positional",
     "svg",
 ]
