@@ -305,7 +305,7 @@ def test_softmax_stats_match_the_closed_forms():
     # raw scores at d_k = 1024 saturate: a near one-hot row passes back almost nothing
     cold = explorers.softmax_stats(raw[-1, 0], up[-1, 0], 1024, scaled=False)
     warm = explorers.softmax_stats(raw[-1, 0], up[-1, 0], 1024, scaled=True)
-    assert cold["jacobian_norm"] < 0.01 < warm["jacobian_norm"]
+    assert cold["jacobian_norm"] < 0.1 * warm["jacobian_norm"]
     with pytest.raises(ValueError, match="temperature"):
         explorers.softmax_stats(raw[0, 0], up[0, 0], 4, temperature=0.0)
 
