@@ -52,7 +52,7 @@ def colour_table(cmap: str | tuple[str, ...] = COLOURMAP, n: int = 101) -> tuple
     """``n`` hex colours evenly spaced along matplotlib's ``cmap``, from 0 to 1.
 
     ``cmap`` is a matplotlib colour map's name, or a tuple of colours (a listed colour map,
-    e.g. the two colours of a bool mask, :data:`mhbook.plot.MASK_COLORS`)."""
+    e.g. the two colours of a bool mask, ``mhbook.plot.MASK_COLORS``)."""
     import matplotlib  # here, not above: `import mhbook` stays free of matplotlib
     from matplotlib.colors import ListedColormap, to_hex
 
