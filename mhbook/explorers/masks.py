@@ -39,7 +39,7 @@ def explorer_mask(num_queries: int, num_keys: int, valid_len: int, causal: str) 
     Args:
         num_queries, num_keys: ``Lq`` and ``Lk``.
         valid_len: the number of real keys, from 0 to ``Lk``.
-        causal: one of :data:`ALIGNMENTS`.
+        causal: one of :data:`~mhbook.explorers.masks.ALIGNMENTS`.
     """
     from ..masks import causal_mask, padding_mask
 
