@@ -78,6 +78,14 @@ _LAZY = {
     "explorer_weights": "explorers",
     "focus_preset": "explorers",
     "explorer_title": "explorers",
+    "explorer_attention": "explorers",
+    "explorer_presets": "explorers",
+    "softmax_explorer": "explorers",
+    "softmax_explorer_html": "explorers",
+    "mask_explorer": "explorers",
+    "mask_explorer_html": "explorers",
+    "positional_explorer": "explorers",
+    "positional_explorer_html": "explorers",
 }
 
 
@@ -186,6 +194,14 @@ __all__ = [
     "explorer_weights",
     "focus_preset",
     "explorer_title",
+    "explorer_attention",
+    "explorer_presets",
+    "softmax_explorer",
+    "softmax_explorer_html",
+    "mask_explorer",
+    "mask_explorer_html",
+    "positional_explorer",
+    "positional_explorer_html",
     # modules
     "alibi",
     "bleu",

@@ -5,8 +5,8 @@ run) with ``-W -n --keep-going``, served on 127.0.0.1, and each page is checked:
 no traceback in any output, typeset math, loaded images, a Colab button that opens *this*
 chapter, no request leaving 127.0.0.1, no JavaScript error, and no serious or critical
 accessibility violation found by axe-core (the copy that the pinned ``axe-playwright-python``
-ships). Chapter 1's attention explorer is moved with the keyboard and must redraw, with the
-weights of ``mhbook.explorer_weights``.
+ships). The explorers of chapters 1, 2, 3 and 5 are moved with the keyboard and must redraw,
+with the numbers of their Python references in ``mhbook.explorers``.
 
 Chromium is Debian's (``apt-get install chromium``); Playwright only drives it, nothing is
 downloaded. Without Chromium the browser checks are skipped, unless ``CI`` is set: then they
@@ -338,56 +338,91 @@ def test_page(page, visit):
         pytest.fail(f"{page.html}:\n  " + "\n  ".join(problems), pytrace=False)
 
 
-# --------------------------------------------------------------------------- the explorer
+# ---- explorers ch1/2/3/5
+# Each explorer of chapters 1, 2, 3 and 5 is driven with the keyboard (or by filling a field),
+# must redraw, and must show the numbers of its Python reference in mhbook.explorers.
 
-READ_EXPLORER = """
+
+def _chapter_explorer(visit, prefix: str, kind: str):
+    """Open chapter ``prefix`` ("01", ...) and return (tab, the root of its ``kind`` explorer)."""
+    chapter = [p for p in PAGES if Path(p.file).name.startswith(prefix)]
+    assert chapter, f"no chapter {prefix} in _toc.yml"
+    tab = visit.open(chapter[0].html)
+    roots = tab.locator(f"div.mhbook-explorer[id^='mhbook-{kind}-']")
+    assert roots.count() >= 1, f"{chapter[0].html} holds no {kind} explorer"
+    root = roots.first
+    root.scroll_into_view_if_needed()
+    return tab, root
+
+
+def _explorer_json(root) -> dict:
+    return json.loads(root.locator("script.mhbook-explorer-data").text_content())
+
+
+def _drawn(locator, attribute: str = "data-weights") -> np.ndarray:
+    return np.array(json.loads(locator.get_attribute(attribute)))
+
+
+READ_ATTENTION_EXPLORER = """
 (root) => {
-  const svg = root.querySelector("svg.mhbook-explorer-heatmap");
+  const matrix = (m) => {
+    const W = [[0, 0, 0], [0, 0, 0], [0, 0, 0]];
+    root.querySelectorAll(`input[data-matrix='${m}']`).forEach(
+      (e) => (W[+e.dataset.i][+e.dataset.j] = +e.value));
+    return W;
+  };
   return {
-    weights: JSON.parse(svg.getAttribute("data-weights")),
-    svg: svg.innerHTML,
-    X: JSON.parse(root.querySelector("script.mhbook-explorer-data").textContent).X,
-    q: Array.from(root.querySelectorAll("input[data-matrix='q']")).map((s) => +s.value),
-    k: Array.from(root.querySelectorAll("input[data-matrix='k']")).map((s) => +s.value),
+    weights: JSON.parse(root.querySelector("svg[id$='-heatmap']").getAttribute("data-weights")),
+    output: JSON.parse(root.querySelector("svg[id$='-output']").getAttribute("data-weights")),
+    svg: root.querySelector("svg[id$='-heatmap']").innerHTML,
+    q: matrix("q"), k: matrix("k"), v: matrix("v"),
   };
 }
 """
 
 
-def _agrees_with_python(state: dict) -> None:
-    from mhbook.explorers import explorer_weights
+def _attention_agrees_with_python(state: dict, X: np.ndarray) -> None:
+    from mhbook.explorers import explorer_attention
 
-    want = explorer_weights(np.array(state["X"]), state["q"], state["k"])
-    np.testing.assert_allclose(np.array(state["weights"]), want, atol=1.5e-4)
+    out, weights = explorer_attention(
+        X, np.array(state["q"]), np.array(state["k"]), np.array(state["v"])
+    )
+    np.testing.assert_allclose(np.array(state["weights"]), weights, atol=1.5e-4)
+    np.testing.assert_allclose(np.array(state["output"]), out, atol=1.5e-4)
 
 
 def test_attention_explorer_moves(visit):
-    """Chapter 1's explorer redraws when a slider moves and computes what Python computes."""
-    chapter1 = [p for p in PAGES if Path(p.file).name.startswith("01")]
-    assert chapter1, "no chapter 01 in _toc.yml"
-    tab = visit.open(chapter1[0].html)
-    explorers = tab.locator("div.mhbook-explorer")
-    assert explorers.count() >= 1, f"{chapter1[0].html} holds no div.mhbook-explorer"
-    root = explorers.first
-    root.scroll_into_view_if_needed()
-    before = root.evaluate(READ_EXPLORER)
-    _agrees_with_python(before)
-
-    slider = root.locator("input.mhbook-explorer-slider[data-matrix='q']").first
-    slider.focus()
-    tab.keyboard.press("End")  # the user drags W_q's first entry to its maximum
-    slider.dispatch_event("change")
-    after = root.evaluate(READ_EXPLORER)
-    assert after["q"] != before["q"], "the slider did not move"
-    assert after["weights"] != before["weights"], "moving a W_q slider left the weights unchanged"
-    assert after["svg"] != before["svg"], "moving a W_q slider left the picture unchanged"
-    _agrees_with_python(after)
-
-    root.locator("select.mhbook-explorer-focus").select_option(index=1)
-    focused = root.evaluate(READ_EXPLORER)
-    assert focused["weights"] != after["weights"], "the focus menu left the weights unchanged"
-    _agrees_with_python(focused)
-    root.screenshot(path=str(SCREENSHOTS / "explorer-after-moving.png"))
+    """Chapter 1's explorer redraws when an entry of W_query, W_key or W_value changes and
+    computes what Python computes; presets and the reset button work."""
+    tab, root = _chapter_explorer(visit, "01", "explorer")
+    X = np.array(_explorer_json(root)["X"])
+    before = root.evaluate(READ_ATTENTION_EXPLORER)
+    _attention_agrees_with_python(before, X)
+    # the user raises W_query's (time -> entertainment) entry with the keyboard: off-diagonal
+    entry = root.locator("input.mhbook-explorer-entry[data-matrix='q'][data-i='1'][data-j='0']")
+    entry.focus()
+    for _ in range(10):
+        tab.keyboard.press("ArrowUp")
+    after = root.evaluate(READ_ATTENTION_EXPLORER)
+    assert after["q"][1][0] == pytest.approx(1.0), "the W_query entry did not move"
+    assert after["weights"] != before["weights"], "moving W_query left the weights unchanged"
+    assert after["svg"] != before["svg"], "moving W_query left the picture unchanged"
+    _attention_agrees_with_python(after, X)
+    root.locator("input.mhbook-explorer-entry[data-matrix='v'][data-i='0'][data-j='1']").fill("2")
+    valued = root.evaluate(READ_ATTENTION_EXPLORER)
+    assert valued["weights"] == after["weights"], "W_value moved the weights"
+    assert valued["output"] != after["output"], "W_value left the outputs unchanged"
+    _attention_agrees_with_python(valued, X)
+    root.locator("select.mhbook-explorer-preset").select_option(
+        label="time words ask for entertainment"
+    )
+    asked = root.evaluate(READ_ATTENTION_EXPLORER)
+    _attention_agrees_with_python(asked, X)
+    assert asked["weights"][3] == asked["weights"][2], "row after should ask what movies asks"
+    root.screenshot(path=str(SCREENSHOTS / "explorer-01-attention.png"))
+    root.locator("button.mhbook-explorer-reset").press("Enter")
+    reset = root.evaluate(READ_ATTENTION_EXPLORER)
+    assert reset["weights"] == before["weights"] and reset["output"] == before["output"]
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
 
 
@@ -522,6 +557,83 @@ def test_attention_viewer_ch6(visit):
 
 
 # ---- end viewer ch6
+
+
+def test_softmax_explorer_moves(visit):
+    """Chapter 2's explorer: raising d_k without scaling saturates the softmax; its weights,
+    Jacobian norms and gradient equal mhbook.explorers.softmax_stats."""
+    from mhbook.explorers import softmax_stats
+
+    tab, root = _chapter_explorer(visit, "02", "softmax")
+    data = _explorer_json(root)
+    bars = root.locator("svg[id$='-weights']")
+    before = bars.inner_html()
+    root.locator("input[id$='-dk']").focus()
+    tab.keyboard.press("End")  # the widest d_k
+    root.locator("input[id$='-scaled']").uncheck()
+    root.locator("input[id$='-query']").fill("1")
+    assert bars.inner_html() != before, "the bars did not move"
+    shown = json.loads(root.locator(".mhbook-explorer-readouts").get_attribute("data-stats"))
+    n = len(data["dims"]) - 1
+    want = softmax_stats(data["raw"][n][1], data["upstream"][n][1], data["dims"][n], False, 1.0)
+    for name, value in want.items():
+        np.testing.assert_allclose(shown[name], value, rtol=1e-5, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(_drawn(bars, "data-values"), want["weights"], atol=1e-4)
+    root.screenshot(path=str(SCREENSHOTS / "explorer-02-softmax.png"))
+    assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
+
+
+def test_mask_explorer_moves(visit):
+    """Chapter 3's mask builder: Lq > Lk with bottom-right alignment leaves rows without a
+    key, whose weights are zeros; mask and weights equal mhbook's."""
+    from mhbook.explorers import explorer_mask, masked_weights
+
+    tab, root = _chapter_explorer(visit, "03", "masks")
+    scores = np.array(_explorer_json(root)["scores"])
+    mask_svg, weights_svg = root.locator("svg[id$='-mask']"), root.locator("svg[id$='-weights']")
+    before = mask_svg.inner_html()
+    root.locator("input[id$='-lq']").fill("6")
+    root.locator("input[id$='-lk']").focus()
+    tab.keyboard.press("ArrowLeft")
+    tab.keyboard.press("ArrowLeft")  # Lk = 4
+    root.locator("select[id$='-causal']").select_option("bottom-right")
+    assert mask_svg.inner_html() != before, "the mask did not change"
+    valid = int(root.locator("input[id$='-valid']").input_value())
+    mask = explorer_mask(6, 4, valid, "bottom-right")
+    assert _drawn(mask_svg).tolist() == mask.double().tolist()
+    weights = _drawn(weights_svg)
+    np.testing.assert_allclose(weights, masked_weights(scores[:6, :4], mask), atol=1e-4)
+    assert (weights[0] == 0).all(), "a query with no key must get zero weights"
+    root.screenshot(path=str(SCREENSHOTS / "explorer-03-masks.png"))
+    assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
+
+
+def test_positional_explorer_moves(visit):
+    """Chapter 5's explorer: the code of the chosen position and the dot products of two
+    positions equal mhbook.sinusoidal_encoding's."""
+    from mhbook.explorers.positional import encoding, offset_dots
+
+    tab, root = _chapter_explorer(visit, "05", "positional")
+    data = _explorer_json(root)
+    code = root.locator("svg[id$='-code']")
+    before = code.inner_html()
+    root.locator("input[id$='-t']").fill("30")
+    root.locator("input[id$='-i']").focus()
+    tab.keyboard.press("ArrowRight")
+    assert code.inner_html() != before, "the code did not change"
+    P = encoding(data["L"], data["d"])
+    s = int(root.locator("input[id$='-s']").input_value())
+    i = int(root.locator("input[id$='-i']").input_value())
+    np.testing.assert_allclose(_drawn(code, "data-values"), P[30], atol=1e-4)
+    shown = json.loads(root.locator(".mhbook-explorer-readouts").get_attribute("data-stats"))
+    np.testing.assert_allclose(shown["dot"], P[30] @ P[s], rtol=1e-6)
+    np.testing.assert_allclose(shown["value"], P[30, i], atol=1e-7)
+    np.testing.assert_allclose(shown["dots"], offset_dots(30, data["L"], data["d"])[1], rtol=1e-6)
+    root.screenshot(path=str(SCREENSHOTS / "explorer-05-positional.png"))
+    assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
+
+
+# ---- end of explorers ch1/2/3/5
 
 
 # --------------------------------------------------------------------------- accessibility

@@ -1,9 +1,5 @@
 """Tests of mhbook.plot and mhbook.explorers: titles, labels, shapes, and the HTML explorer."""
 
-import json
-import re
-import shutil
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -13,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from mhbook import explorers, plot  # noqa: E402
+from mhbook import plot  # noqa: E402
 from mhbook.explorers import svg  # noqa: E402
 from mhbook.masks import causal_mask  # noqa: E402
 
@@ -209,68 +205,7 @@ def test_log_axes_label_ticks_as_plain_numbers():
     assert not any("times" in t or "^" in t or "$" in t for t in shown), shown
 
 
-# -- the attention explorer ----------------------------------------------------------
-
-
-def test_explorer_weights_and_presets():
-    q, k = explorers.focus_preset(1, 3)
-    assert q == [1.0, 2.0, 1.0] and k == [0.5, 1.0, 0.5]
-    assert explorers.focus_preset(None, 3) == ([1.0] * 3, [1.0] * 3)
-    w = explorers.explorer_weights(torch.tensor(X), q, k)
-    Xt = torch.tensor(X)
-    expected = torch.softmax((Xt * torch.tensor(q)) @ (Xt * torch.tensor(k)).T / 3**0.5, dim=-1)
-    np.testing.assert_allclose(w, expected.numpy(), rtol=1e-6)
-    np.testing.assert_allclose(w.sum(axis=1), 1.0)
-
-
-def test_explorer_html_is_self_contained_with_stable_ids():
-    html = explorers.attention_explorer_html(SENTENCE, X, AXES).data
-    uid = re.search(r'class="mhbook-explorer" id="([^"]+)"', html).group(1)
-    for suffix in ["-focus", "-q0", "-q1", "-q2", "-k0", "-k1", "-k2", "-heatmap"]:
-        assert f'id="{uid}{suffix}"' in html
-    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", html)
-    assert "http" not in html  # no external script, style, font or namespace
-    assert html.count("<script>") == 1
-    for token in SENTENCE:
-        assert f">{token}</text>" in html  # token labels on the heatmap
-    weights = json.loads(re.search(r"data-weights='([^']+)'", html).group(1))
-    ones = [1.0, 1.0, 1.0]
-    np.testing.assert_allclose(weights, explorers.explorer_weights(X, ones, ones), atol=1e-4)
-    other = explorers.attention_explorer_html(SENTENCE, X, AXES).data
-    assert f'id="{uid}"' not in other  # a second explorer on the page gets its own ids
-
-
-def _explorer_data(html: str) -> dict:
-    pattern = r'<script type="application/json" class="mhbook-explorer-data">(.*?)</script>'
-    return json.loads(re.search(pattern, html, re.S).group(1))
-
-
-def test_explorer_html_takes_its_numbers_from_python():
-    """Presets, titles, colours and the text-colour threshold are Python's, sent as JSON;
-    the JavaScript and CSS are the package's files, inline."""
-    html = explorers.attention_explorer_html(SENTENCE, X, AXES).data
-    data = _explorer_data(html)
-    choices = [None, 0, 1, 2]
-    assert data["X"] == X.tolist()
-    assert data["titles"] == [explorers.explorer_title(AXES, f) for f in choices]
-    assert data["presets"] == [list(explorers.focus_preset(f, 3)) for f in choices]
-    assert data["scale"] == {"colours": list(svg.colour_table()), "darkAbove": svg.DARK_ABOVE}
-    assert f">{explorers.explorer_title(AXES, None)}</text>" in html
-    for name in ("heatmap.js", "attention.js", "explorer.css"):
-        assert svg._static(name) in html
-    # The first picture: every cell's colour and text colour from the same scale.
-    weights = explorers.explorer_weights(X, [1.0] * 3, [1.0] * 3)
-    lut = svg.colour_table()
-    for i, j in np.ndindex(weights.shape):
-        w = weights[i, j]
-        cell = re.search(
-            rf'<rect class="mhbook-explorer-cell" data-i="{i}" data-j="{j}"[^>]*>', html
-        )
-        assert f'fill="{lut[round(w * 100)]}"' in cell.group(0)
-        value = re.search(
-            rf'<text class="mhbook-explorer-value" data-i="{i}" data-j="{j}"[^>]*>', html
-        )
-        assert f'fill="{svg.text_colour(w)}"' in value.group(0)
+# -- the explorers' colour scale (the explorers: tests/test_explorers.py) -----------
 
 
 def test_text_colour_threshold_is_shared_by_plots():
@@ -279,94 +214,3 @@ def test_text_colour_threshold_is_shared_by_plots():
     values = np.array([[0.0, svg.DARK_ABOVE - 0.01, svg.DARK_ABOVE + 0.01, 1.0]])
     ax = plot.plot_heatmap(values, annotate=True, vmin=0.0, vmax=1.0, colorbar=False)
     assert [t.get_color() for t in ax.texts] == ["black", "black", "white", "white"]
-
-
-def test_explorer_html_escapes_tokens_and_checks_shapes():
-    html = explorers.attention_explorer_html(["<b>", "&"], X[:2], AXES).data
-    assert "&lt;b&gt;" in html and "<b>" not in html
-    # An axis name that tries to end the data's <script> early stays inside the JSON.
-    html = explorers.attention_explorer_html(["a", "b"], X[:2], ["</script>x", "t", "o"]).data
-    assert html.count("</script>") == 2  # the data's and the code's
-    assert (
-        _explorer_data(html)["titles"][1] == "softmax((X W_q)(X W_k)ᵀ / √3), focus on '</script>x'"
-    )
-    with pytest.raises(ValueError, match="5 tokens"):
-        explorers.attention_explorer_html(SENTENCE, X[:3], AXES)
-    with pytest.raises(ValueError, match="axis_names"):
-        explorers.attention_explorer_html(SENTENCE, X, AXES[:2])
-
-
-def test_ipywidgets_explorer_follows_its_controls():
-    pytest.importorskip("ipywidgets")
-    box = explorers.attention_explorer(SENTENCE, torch.tensor(X), AXES)
-    ones = [1.0, 1.0, 1.0]
-    np.testing.assert_allclose(box.weights, explorers.explorer_weights(X, ones, ones))
-    focus = box.children[0]
-    q_sliders = box.children[1].children[0].children[1:]
-    k_sliders = box.children[1].children[1].children[1:]
-    focus.value = 0  # preset: focus on "entertainment"
-    assert [s.value for s in q_sliders] == [2.0, 1.0, 1.0]
-    assert [s.value for s in k_sliders] == [1.0, 0.5, 0.5]
-    np.testing.assert_allclose(
-        box.weights, explorers.explorer_weights(X, *explorers.focus_preset(0, 3))
-    )
-    k_sliders[2].value = 3.0
-    np.testing.assert_allclose(box.weights, explorers.explorer_weights(X, [2, 1, 1], [1, 0.5, 3]))
-
-
-def _browser(playwright):
-    """Playwright's own Chromium, else a system Chromium; skip when there is none."""
-    try:
-        return playwright.chromium.launch()
-    except Exception:
-        pass
-    for path in ["/usr/lib/chromium/chromium", shutil.which("chromium"), shutil.which("chrome")]:
-        if path:
-            try:
-                return playwright.chromium.launch(executable_path=path, args=["--no-sandbox"])
-            except Exception:
-                continue
-    pytest.skip("no Chromium for playwright")
-
-
-def test_explorer_html_redraws_in_a_browser(tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    first = explorers.attention_explorer_html(SENTENCE, X, AXES).data
-    second = explorers.attention_explorer_html(SENTENCE, X, AXES).data
-    page_file = tmp_path / "explorer.html"
-    page_file.write_text(f"<!doctype html><meta charset='utf-8'><body>{first}{second}</body>")
-    with sync_api.sync_playwright() as p:
-        browser = _browser(p)
-        page = browser.new_page()
-        errors, requests = [], []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("request", lambda r: requests.append(r.url))
-        page.goto(page_file.as_uri())
-        uid, other = page.eval_on_selector_all(".mhbook-explorer", "els => els.map(e => e.id)")
-        heatmap = page.locator(f"#{uid}-heatmap")
-
-        def drawn(locator=heatmap):
-            return np.array(json.loads(locator.get_attribute("data-weights")))
-
-        before = drawn()
-        page.locator(f"#{uid}-q0").fill("3")
-        after = drawn()
-        assert not np.allclose(before, after)
-        np.testing.assert_allclose(
-            after, explorers.explorer_weights(X, [3, 1, 1], [1, 1, 1]), atol=1e-4
-        )
-        cells = heatmap.locator(".mhbook-explorer-value")
-        shown = cells.evaluate_all("ts => ts.map(t => [t.textContent, t.getAttribute('fill')])")
-        want = explorers.explorer_weights(X, [3, 1, 1], [1, 1, 1]).ravel()
-        assert shown == [[f"{w:.2f}", svg.text_colour(w)] for w in want]
-        page.select_option(f"#{uid}-focus", "1")
-        assert page.locator(f"#{uid}-q1").input_value() == "2"
-        assert page.locator(f"#{uid}-k0").input_value() == "0.5"
-        preset = explorers.explorer_weights(X, *explorers.focus_preset(1, 3))
-        np.testing.assert_allclose(drawn(), preset, atol=1e-4)
-        title = heatmap.locator(".mhbook-explorer-title").text_content()
-        assert title == explorers.explorer_title(AXES, 1)
-        np.testing.assert_allclose(drawn(page.locator(f"#{other}-heatmap")), before)  # untouched
-        browser.close()
-    assert errors == []
-    assert all(url.startswith("file:") for url in requests)

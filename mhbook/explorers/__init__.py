@@ -1,33 +1,58 @@
 """Interactive explorers: self-contained HTML (works in the static book, no kernel) and
 ipywidgets twins (need a kernel).
 
-* :mod:`mhbook.explorers.attention`: chapter 1's explorer of ``W_query`` and ``W_key``.
+* :mod:`mhbook.explorers.attention`: chapter 1's explorer of ``W_query``, ``W_key`` and
+  ``W_value``.
+* :mod:`mhbook.explorers.softmax`: chapter 2's ``d_k`` and temperature explorer of the
+  softmax, its Jacobian and its gradient.
+* :mod:`mhbook.explorers.masks`: chapter 3's mask builder (padding, causal alignment).
+* :mod:`mhbook.explorers.positional`: chapter 5's explorer of the sinusoidal encoding.
 * :mod:`mhbook.explorers.viewer`: chapters 6 and 7's viewer of the trained model's attention
   on every test number, every layer, head and kind, with single-head ablations.
-* :mod:`mhbook.explorers.svg`: what every explorer shares: the SVG heatmap, the colour
-  scale, and :func:`~mhbook.explorers.svg.embed`, which inlines an explorer's JavaScript,
-  CSS and data (files in ``static/``) into one ``<div>``.
+* :mod:`mhbook.explorers.svg`: what every explorer shares: the SVG heatmap, bar and line
+  charts (redrawn by ``static/heatmap.js`` and ``static/charts.js``), the colour scale,
+  and :func:`~mhbook.explorers.svg.embed`, which inlines an explorer's JavaScript, CSS and
+  data (files in ``static/``) into one ``<div>``.
 
 Importing this package does not import matplotlib or ipywidgets; drawing does.
 """
 
-from . import attention, svg, viewer
+from . import attention, masks, positional, softmax, svg, viewer
 from .attention import (
     attention_explorer,
     attention_explorer_html,
+    explorer_attention,
+    explorer_presets,
     explorer_title,
     explorer_weights,
     focus_preset,
 )
+from .masks import explorer_mask, mask_explorer, mask_explorer_html, masked_weights
+from .positional import positional_explorer, positional_explorer_html
+from .softmax import softmax_explorer, softmax_explorer_html, softmax_stats
 from .viewer import attention_viewer, attention_viewer_html, viewer_data
 
 __all__ = [
     "attention_explorer",
     "attention_explorer_html",
     "explorer_weights",
+    "explorer_attention",
+    "explorer_presets",
     "focus_preset",
     "explorer_title",
+    "softmax_explorer",
+    "softmax_explorer_html",
+    "softmax_stats",
+    "mask_explorer",
+    "mask_explorer_html",
+    "explorer_mask",
+    "masked_weights",
+    "positional_explorer",
+    "positional_explorer_html",
     "attention",
+    "softmax",
+    "masks",
+    "positional",
     "svg",
     "viewer",
     "viewer_data",

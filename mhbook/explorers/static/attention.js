@@ -1,51 +1,58 @@
 // The attention explorer of chapter 1 (mhbook/explorers/attention.py writes its page).
-// data: {X: (n, d) embeddings, scale: colour_scale(), titles: [one per focus choice],
-//        presets: [[q_diag, k_diag], one per focus choice]}; choice 0 = "none", 1 + a = axis a.
+// data: {X: (n, d) embeddings, names: preset names, presets: [[W_q, W_k, W_v], ...] (d x d,
+//        rows = input axes), scale, outputScale: colour scales of the weights and outputs}.
 const X = data.X;
 const d = X[0].length;
-const svg = root.querySelector(".mhbook-explorer-heatmap");
-const focus = root.querySelector(".mhbook-explorer-focus");
-const sliders = (m) => Array.from(root.querySelectorAll(`input[data-matrix="${m}"]`));
-const qs = sliders("q");
-const ks = sliders("k");
-const values = (list) => list.map((s) => parseFloat(s.value));
-const choice = () => (focus.value === "none" ? 0 : Number(focus.value) + 1);
+const weightsSvg = root.querySelector("svg[id$='-heatmap']");
+const outputSvg = root.querySelector("svg[id$='-output']");
+const preset = root.querySelector(".mhbook-explorer-preset");
+const entries = Array.from(root.querySelectorAll("input.mhbook-explorer-entry"));
+const matrix = (m) => {
+  const W = Array.from({ length: d }, () => new Array(d).fill(0));
+  for (const e of entries) {
+    if (e.dataset.matrix === m) W[+e.dataset.i][+e.dataset.j] = parseFloat(e.value) || 0;
+  }
+  return W;
+};
+const times = (A, B) => A.map((row) => B[0].map((_, j) => row.reduce((s, a, k) => s + a * B[k][j], 0)));
 
-// softmax((X diag(q)) (X diag(k))^T / sqrt(d)), one query (row) at a time.
-// The reference is explorer_weights in Python; tests/test_plot.py compares the two.
-function weights(q, k) {
-  return X.map((xi) => {
-    const scores = X.map((xj) => {
-      let s = 0;
-      for (let a = 0; a < d; a++) s += xi[a] * q[a] * xj[a] * k[a];
-      return s / Math.sqrt(d);
-    });
-    const m = Math.max(...scores);
-    const e = scores.map((s) => Math.exp(s - m));
-    const sum = e.reduce((x, y) => x + y, 0);
-    return e.map((v) => v / sum);
+// softmax((X W_q)(X W_k)^T / sqrt(d)) and the outputs A (X W_v), one query (row) at a time.
+// The reference is explorer_attention in Python; tests/test_browser.py compares the two.
+function attention(Wq, Wk, Wv) {
+  const Q = times(X, Wq);
+  const K = times(X, Wk);
+  const V = times(X, Wv);
+  const A = Q.map((q) => softmax(K.map((k) => q.reduce((s, qa, a) => s + qa * k[a], 0) / Math.sqrt(d))));
+  return [A, times(A, V)];
+}
+
+let edited = false;
+function redraw() {
+  const [A, O] = attention(matrix("q"), matrix("k"), matrix("v"));
+  drawHeatmap(weightsSvg, A, data.scale);
+  drawHeatmap(outputSvg, O, data.outputScale);
+  const name = data.names[+preset.value] + (edited ? ", edited" : "");
+  weightsSvg.querySelector(".mhbook-explorer-subtitle").textContent = `preset: ${name}`;
+}
+
+function apply(n) {
+  data.presets[n].forEach((W, index) => {
+    const m = "qkv"[index];
+    for (const e of entries) if (e.dataset.matrix === m) e.value = W[+e.dataset.i][+e.dataset.j];
+  });
+  edited = false;
+  redraw();
+}
+
+preset.addEventListener("change", () => apply(+preset.value));
+root.querySelector(".mhbook-explorer-reset").addEventListener("click", () => {
+  preset.value = "0";
+  apply(0);
+});
+for (const e of entries) {
+  e.addEventListener("input", () => {
+    edited = true;
+    redraw();
   });
 }
-
-function redraw() {
-  const q = values(qs);
-  const k = values(ks);
-  drawHeatmap(svg, weights(q, k), data.scale);
-  for (const s of qs.concat(ks)) {
-    const readout = root.querySelector(`output[data-for="${s.id}"]`);
-    if (readout) readout.textContent = parseFloat(s.value).toFixed(1);
-  }
-  svg.querySelector(".mhbook-explorer-title").textContent = data.titles[choice()];
-  const diag = (v) => v.map((x) => x.toFixed(1)).join(", ");
-  svg.querySelector(".mhbook-explorer-subtitle").textContent =
-    `W_q = diag(${diag(q)}),  W_k = diag(${diag(k)})`;
-}
-
-focus.addEventListener("change", () => {
-  const [q, k] = data.presets[choice()];
-  qs.forEach((s, a) => (s.value = q[a]));
-  ks.forEach((s, a) => (s.value = k[a]));
-  redraw();
-});
-for (const s of qs.concat(ks)) s.addEventListener("input", redraw);
 redraw();
