@@ -289,7 +289,7 @@ def _parse(source: str) -> ast.AST | None:
 
 
 # Chapters whose figures do not have alt text yet (issue 9); each must leave this set soon.
-ALT_TEXT_PENDING = {"07-why-several-heads"}
+ALT_TEXT_PENDING: set[str] = set()
 MIN_ALT_WORDS = 8  # "Heatmap of the weights" says too little: say what the figure shows
 
 
