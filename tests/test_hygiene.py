@@ -18,6 +18,7 @@ import pytest
 import mhbook
 
 ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = ROOT / "chapters"
 
 
 def _python_sources():
@@ -127,3 +128,11 @@ def test_bibliography_parses():
 
     bib = parse_file(str(Path(__file__).resolve().parents[1] / "references.bib"))
     assert len(bib.entries) > 40
+
+
+@pytest.mark.parametrize("path", sorted(CHAPTERS.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_notebooks_store_no_widget_state(path):
+    """ipywidgets state is hundreds of kilobytes the static book cannot use (CONTRIBUTING.md)."""
+    assert "widgets" not in json.loads(path.read_text())["metadata"], (
+        f"{path.name} stores ipywidgets state: drop metadata.widgets (see CONTRIBUTING.md)"
+    )
