@@ -510,24 +510,46 @@ def book_model(
         "tgt_vocab": data.tgt_vocab.id_to_token,
         "trainer_version": _TRAINER_VERSION,
     }
-    if checkpoint is not None and Path(checkpoint).exists():
-        stored = _read_checkpoint(checkpoint, say=progress)
-        same = stored.get("config") == config.to_dict()
-        if same and all(stored.get(k) == v for k, v in expected.items()):
-            return _model_from(stored, device, checkpoint), data, stored.get("history")
-        if stored and progress:
-            print(
-                f"{checkpoint} was written for another configuration or by an older fit: "
-                "training again."
-            )
+    # Two chapters started at once (two notebooks open, or nbval on two workers) must not
+    # both train: the second waits for the first's checkpoint and loads it.
+    with _exclusive(checkpoint):
+        if checkpoint is not None and Path(checkpoint).exists():
+            stored = _read_checkpoint(checkpoint, say=progress)
+            same = stored.get("config") == config.to_dict()
+            if same and all(stored.get(k) == v for k, v in expected.items()):
+                return _model_from(stored, device, checkpoint), data, stored.get("history")
+            if stored and progress:
+                print(
+                    f"{checkpoint} was written for another configuration or by an older fit: "
+                    "training again."
+                )
 
-    set_seed(config.train.seed)
-    model = make_model(data, config, device)
-    history = fit(model, data, config.train, device=device, progress=progress)
-    if checkpoint is not None:
-        Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(checkpoint, model, config=config, history=history, **expected)
-    return model, data, history
+        set_seed(config.train.seed)
+        model = make_model(data, config, device)
+        history = fit(model, data, config.train, device=device, progress=progress)
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, model, config=config, history=history, **expected)
+        return model, data, history
+
+
+@contextmanager
+def _exclusive(checkpoint):
+    """Hold an exclusive lock on ``checkpoint + ".lock"`` (POSIX ``flock``; elsewhere, or for
+    ``checkpoint=None``, no lock). The lock goes with the process, even if it is killed."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock; at worst two processes train the same model
+        fcntl = None
+    if checkpoint is None or fcntl is None:
+        yield
+        return
+    Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{checkpoint}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _read_checkpoint(path, say: bool = True) -> dict:

@@ -7,12 +7,14 @@ the plumbing tests train :data:`TINY_CONFIG` for a dozen steps.
 import copy
 import dataclasses
 import math
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import mhbook.train as train_module
 from mhbook.config import TrainConfig
 from mhbook.data import NumberTranslation, english_words, french_words
 from mhbook.train import (
@@ -405,4 +407,35 @@ def test_book_model_retrains_over_a_broken_checkpoint(tmp_path, capsys):
     )
     assert capsys.readouterr().out == ""
     for p1, p2 in zip(model.parameters(), again.parameters()):
+        assert torch.equal(p1, p2)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the checkpoint lock is POSIX flock")
+def test_book_model_waits_for_a_training_elsewhere(tmp_path, monkeypatch):
+    """While another process holds the checkpoint's lock (it is training the same model),
+    book_model waits, then loads that process's checkpoint instead of training again."""
+    import fcntl
+    import threading
+
+    path = tmp_path / "tiny.pt"
+    trained, _, _ = book_model(device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG)
+    calls = []
+    monkeypatch.setattr(train_module, "fit", lambda *a, **k: calls.append(1))
+    result = {}
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" is training
+        waiter = threading.Thread(
+            target=lambda: result.update(
+                model=book_model(device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG)[
+                    0
+                ]
+            )
+        )
+        waiter.start()
+        waiter.join(timeout=1.0)
+        assert waiter.is_alive(), "book_model did not wait for the lock"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    waiter.join(timeout=60)
+    assert not waiter.is_alive() and not calls  # loaded, not trained
+    for p1, p2 in zip(trained.parameters(), result["model"].parameters()):
         assert torch.equal(p1, p2)
