@@ -22,11 +22,13 @@ book: setup
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
 # Two pytest-xdist workers, a whole file (a chapter's kernel) on each; chapters/conftest.py
-# runs each chapter on another CPU kernel set and thread count than the native ones.
+# runs each chapter on another CPU kernel set and thread count than the native ones. The
+# longest files go first (the browser test, then the chapters), so that the short unit tests
+# fill the end of the run instead of waiting behind a chapter.
 test: setup chromium
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n 2 --dist loadfile --durations=15 --nbval --nbval-current-env tests chapters
+	$(BIN)/pytest -n 2 --dist loadfile --durations=15 --nbval --nbval-current-env tests/test_browser.py chapters tests
 
 bench: setup
 	$(BIN)/python -m mhbook.bench

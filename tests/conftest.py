@@ -3,10 +3,16 @@ mhbook's parameters (or their gradients) with those of PyTorch's layers."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # make test runs two workers on two cores, the other often a chapter's kernel: one
+    # thread each, so that no test's threads wait for cores the other worker holds.
+    torch.set_num_threads(1)
 
 # float32 keeps about 7 digits; the two sides sum in different orders (fused kernels,
 # packed projections), so allow a few ulps of the largest values. float64 must agree
