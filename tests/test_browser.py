@@ -334,6 +334,8 @@ def test_page(page, visit):
         problems.append(f"failed local requests: {sorted(set(visit.failed))}")
     if visit.js_errors:
         problems.append(f"JavaScript errors: {visit.js_errors[:5]}")
+    # Accessibility in the same visit (loading and typesetting a page is the slow part).
+    problems += _axe_problems(tab)
     if problems:
         pytest.fail(f"{page.html}:\n  " + "\n  ".join(problems), pytrace=False)
 
@@ -670,15 +672,11 @@ def _axe_violations(tab) -> list[dict]:
     return found
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.file for p in PAGES])
-def test_page_accessibility(page, visit):
-    """axe-core finds no serious or critical violation on the page (theme issues aside)."""
-    tab = visit.open(page.html)
-    violations = _axe_violations(tab)
-    if violations:
-        lines = []
-        for v in violations:
-            lines.append(f"{v['id']} ({v['impact']}, {len(v['nodes'])}x): {v['help']}")
-            for node in v["nodes"][:3]:
-                lines.append(f"    {', '.join(node['target'])}: {node['html'][:160]}")
-        pytest.fail(f"{page.html}: axe-core violations:\n  " + "\n  ".join(lines), pytrace=False)
+def _axe_problems(tab) -> list[str]:
+    """axe-core's serious or critical violations on the page (theme issues aside), as lines."""
+    lines = []
+    for v in _axe_violations(tab):
+        lines.append(f"axe-core: {v['id']} ({v['impact']}, {len(v['nodes'])}x): {v['help']}")
+        for node in v["nodes"][:3]:
+            lines.append(f"    {', '.join(node['target'])}: {node['html'][:160]}")
+    return lines
