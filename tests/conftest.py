@@ -10,7 +10,7 @@ import pytest
 import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # make test runs two workers on two cores, the other often a chapter's kernel: one
+    # make test runs three workers on two cores, others often a chapter's kernel: one
     # thread each, so that no test's threads wait for cores the other worker holds.
     torch.set_num_threads(1)
 
