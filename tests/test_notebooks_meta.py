@@ -166,7 +166,7 @@ def test_first_code_cell_is_colab_cell(path):
 
 @per_chapter
 def test_executed_in_order(path):
-    counts = [c.execution_count for c in _code_cells(_read(path))]
+    counts = [c.execution_count for c in _code_cells(_read(path)) if not _is_widget_twin(c)]
     if counts != list(range(1, len(counts) + 1)):
         shown = counts if len(counts) <= 12 else [*counts[:12], "..."]
         pytest.fail(
@@ -199,10 +199,11 @@ def test_no_errors_or_warnings_in_outputs(path):
 def test_nbval_checks_every_cell(path):
     nb = _read(path)
     code = _code_cells(nb)
-    skipped = [
+    skipped = [  # only an ipywidgets twin, which readers run (see test_widget_twins_...)
         n
         for n, c in enumerate(code, start=1)
-        if _tags(c) & SKIP_TAGS or _first_line(c).upper().startswith(SKIP_COMMENTS)
+        if (_tags(c) & SKIP_TAGS or _first_line(c).upper().startswith(SKIP_COMMENTS))
+        and not _is_widget_twin(c)
     ]
     assert not skipped, f"{path.name}: cells {skipped} are skipped or expected to fail"
     notebook_level = {k: v for k, v in nb.metadata.items() if "nbval" in k or "skip" in k}
@@ -446,3 +447,29 @@ def test_nbval_covers_other_kernels_and_thread_counts():
         assert (
             len({s["OMP_NUM_THREADS"] for s in settings if s["ATEN_CPU_CAPABILITY"] == kernel}) > 1
         )
+
+
+WIDGET_TWINS = re.compile(
+    r"\b(attention_explorer|softmax_explorer|mask_explorer|positional_explorer|attention_viewer)\("
+)
+TWIN_TAGS = {"skip-execution", "nbval-skip", "remove-output"}
+
+
+def _is_widget_twin(cell) -> bool:
+    """A cell that only opens an explorer's ipywidgets twin, tagged to run for readers only."""
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    return bool(WIDGET_TWINS.search(cell.source)) and TWIN_TAGS <= tags
+
+
+@per_chapter
+def test_widget_twins_are_not_executed_headless(path):
+    """A cell that opens an ipywidgets twin is run by readers only: executing widget cells
+    without a frontend can block nbclient (jupyter/nbclient#312), so neither the book build
+    (``skip-execution``) nor nbval (``nbval-skip``) runs it, and it holds no outputs."""
+    wrong = []
+    for cell in _code_cells(_read(path)):
+        if WIDGET_TWINS.search(cell.source):
+            tags = set(cell.get("metadata", {}).get("tags", []))
+            if not TWIN_TAGS <= tags or cell.get("outputs"):
+                wrong.append(f"{cell.get('id')}: tags {sorted(tags)}, {len(cell.outputs)} outputs")
+    assert not wrong, f"{path.name}: widget cells to tag {sorted(TWIN_TAGS)}: {wrong}"
