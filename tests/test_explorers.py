@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 
 import matplotlib
 
@@ -493,3 +494,13 @@ def test_positional_explorer_redraws_in_a_browser(open_page):
     np.testing.assert_allclose(shown["dot"], P[40] @ P[50], rtol=1e-6)
     np.testing.assert_allclose(shown["value"], P[40, 5], atol=1e-7)
     np.testing.assert_allclose(shown["dots"], positional.offset_dots(40, 64, 32)[1], rtol=1e-6)
+
+
+def test_twins_without_ipywidgets_name_their_html_version(monkeypatch):
+    from mhbook.explorers.twin import widget_modules
+
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if it were not installed
+    with pytest.raises(
+        ImportError, match=r"softmax_explorer needs ipywidgets.*softmax_explorer_html"
+    ):
+        widget_modules("softmax_explorer")

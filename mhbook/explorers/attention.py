@@ -36,6 +36,7 @@ import torch
 
 from ..utils import to_numpy
 from .svg import colour_scale, embed, heatmap_svg
+from .twin import widget_modules
 
 __all__ = [
     "explorer_weights",
@@ -202,14 +203,7 @@ def attention_explorer(
     Raises:
         ImportError: If ipywidgets is not installed (``pip install ipywidgets``).
     """
-    try:
-        import ipywidgets as widgets
-        from IPython.display import display
-    except ImportError as err:  # optional dependency
-        raise ImportError(
-            "attention_explorer needs ipywidgets: pip install ipywidgets "
-            "(or use attention_explorer_html, which needs no kernel)"
-        ) from err
+    widgets, display = widget_modules("attention_explorer")
     import matplotlib.pyplot as plt
 
     from ..plot import plot_heatmap

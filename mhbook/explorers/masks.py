@@ -24,6 +24,7 @@ import torch
 
 from ..utils import to_numpy
 from .svg import colour_scale, embed, heatmap_svg
+from .twin import widget_modules
 
 __all__ = ["ALIGNMENTS", "explorer_mask", "masked_weights", "mask_explorer", "mask_explorer_html"]
 
@@ -90,14 +91,7 @@ def mask_explorer(scores, num_queries: int = 4, num_keys: int = 6):
         An ``ipywidgets.VBox`` with attributes ``lq``, ``lk``, ``valid``, ``causal`` (the
         controls), ``mask`` and ``weights`` (what was drawn last).
     """
-    try:
-        import ipywidgets as widgets
-        from IPython.display import display
-    except ImportError as err:  # optional dependency
-        raise ImportError(
-            "mask_explorer needs ipywidgets: pip install ipywidgets "
-            "(or use mask_explorer_html, which needs no kernel)"
-        ) from err
+    widgets, display = widget_modules("mask_explorer")
     import matplotlib.pyplot as plt
 
     from ..plot import plot_heatmap, plot_mask

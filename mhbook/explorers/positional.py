@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from .svg import bars_svg, embed, line_chart_svg
+from .twin import widget_modules
 
 __all__ = ["encoding", "offset_dots", "positional_explorer", "positional_explorer_html"]
 
@@ -64,14 +65,7 @@ def positional_explorer(num_positions: int = 64, d_model: int = 32):
         An ``ipywidgets.VBox`` with attributes ``t``, ``s``, ``i`` (the sliders) and ``dot``
         (``P_t . P_s`` drawn last).
     """
-    try:
-        import ipywidgets as widgets
-        from IPython.display import display
-    except ImportError as err:  # optional dependency
-        raise ImportError(
-            "positional_explorer needs ipywidgets: pip install ipywidgets "
-            "(or use positional_explorer_html, which needs no kernel)"
-        ) from err
+    widgets, display = widget_modules("positional_explorer")
     import matplotlib.pyplot as plt
 
     P = encoding(num_positions, d_model)

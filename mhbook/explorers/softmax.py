@@ -28,6 +28,7 @@ import torch
 
 from ..utils import to_numpy
 from .svg import bars_svg, colour_scale, embed, line_chart_svg
+from .twin import widget_modules
 
 __all__ = ["softmax_stats", "median_norms", "softmax_explorer", "softmax_explorer_html"]
 
@@ -111,14 +112,7 @@ def softmax_explorer(dims: Sequence[int], raw_scores, upstream, start: int | Non
         An ``ipywidgets.VBox`` with attributes ``d_k``, ``scaled``, ``temperature``,
         ``query`` (the controls) and ``stats`` (:func:`softmax_stats` of what was drawn last).
     """
-    try:
-        import ipywidgets as widgets
-        from IPython.display import display
-    except ImportError as err:  # optional dependency
-        raise ImportError(
-            "softmax_explorer needs ipywidgets: pip install ipywidgets "
-            "(or use softmax_explorer_html, which needs no kernel)"
-        ) from err
+    widgets, display = widget_modules("softmax_explorer")
     import matplotlib.pyplot as plt
 
     dims, raw, g = _check(dims, raw_scores, upstream)

@@ -41,6 +41,7 @@ import torch
 from ..data import detokenize, tokenize
 from ..transformer import record_attention
 from .svg import _static, colour_scale, colour_table, embed
+from .twin import widget_modules
 
 __all__ = [
     "KINDS",
@@ -639,14 +640,7 @@ def attention_viewer(view: ViewerData):
     Raises:
         ImportError: If ipywidgets is not installed (``pip install ipywidgets``).
     """
-    try:
-        import ipywidgets as widgets
-        from IPython.display import display
-    except ImportError as err:  # optional dependency
-        raise ImportError(
-            "attention_viewer needs ipywidgets: pip install ipywidgets "
-            "(or use attention_viewer_html, which needs no kernel)"
-        ) from err
+    widgets, display = widget_modules("attention_viewer")
     import matplotlib.pyplot as plt
 
     from ..plot import plot_attention_grid
