@@ -45,6 +45,7 @@ from .train import (
 )
 from .transformer import Transformer, TransformerDecoder, TransformerEncoder, record_attention
 from .utils import (
+    cpu_or_gpu,
     describe_machine,
     get_device,
     glue,
@@ -173,6 +174,7 @@ __all__ = [
     "book_model",
     # utilities
     "get_device",
+    "cpu_or_gpu",
     "describe_machine",
     "glue",
     "set_seed",

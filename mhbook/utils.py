@@ -13,6 +13,7 @@ from torch import nn
 
 __all__ = [
     "get_device",
+    "cpu_or_gpu",
     "set_seed",
     "save_checkpoint",
     "load_checkpoint",
@@ -30,6 +31,21 @@ def get_device() -> torch.device:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def cpu_or_gpu(cpu, gpu, device: torch.device):
+    """``cpu`` on a CPU, ``gpu`` on a CUDA GPU: the size of a chapter's training run.
+
+    Chapters train CPU-sized by default (minutes on a laptop and in CI) and larger on a
+    GPU, e.g. ``num_steps = mhbook.cpu_or_gpu(400, 1200, device)``.
+
+    With the environment variable ``MHBOOK_GPU_SIZES=1`` it returns ``gpu`` on any
+    device, so that a maintainer without a GPU can run a chapter at the GPU's sizes on
+    the CPU (slowly) and see that its asserted claims still hold there.
+    """
+    if device.type == "cuda" or os.environ.get("MHBOOK_GPU_SIZES") == "1":
+        return gpu
+    return cpu
 
 
 def set_seed(seed: int) -> None:

@@ -473,3 +473,15 @@ def test_widget_twins_are_not_executed_headless(path):
             if not TWIN_TAGS <= tags or cell.get("outputs"):
                 wrong.append(f"{cell.get('id')}: tags {sorted(tags)}, {len(cell.outputs)} outputs")
     assert not wrong, f"{path.name}: widget cells to tag {sorted(TWIN_TAGS)}: {wrong}"
+
+
+PART_III_TRAINING = ("09-", "10-", "11-", "12-")  # the chapters of Part III that train
+
+
+@pytest.mark.parametrize("prefix", PART_III_TRAINING)
+def test_part_iii_trains_larger_on_a_gpu(prefix):
+    """Issue 8: Part III trains CPU-sized by default and larger on a GPU, through
+    ``mhbook.cpu_or_gpu`` (whose GPU sizes a maintainer checks with MHBOOK_GPU_SIZES=1)."""
+    path = next(p for p in CHAPTERS if p.name.startswith(prefix))
+    code = "\n".join(c.source for c in _code_cells(_read(path)))
+    assert "mhbook.cpu_or_gpu(" in code, f"{path.name}: size its training with mhbook.cpu_or_gpu"

@@ -9,6 +9,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+import torch
 
 import mhbook
 
@@ -111,3 +112,16 @@ def test_figures_are_retina_pngs_in_ipython():
     assert (width // 2, height // 2) == (out["shown"]["width"], out["shown"]["height"]), out
     assert width > 700, out  # twice the 4 inches x 100 dpi (less bbox_inches="tight")
     assert mhbook.use_sharp_figures() is False  # no IPython shell in this process
+
+
+def test_cpu_or_gpu_picks_the_gpu_size_on_cuda_or_when_asked(monkeypatch):
+    """Chapters train CPU-sized on a CPU and larger on a GPU; ``MHBOOK_GPU_SIZES=1`` lets a
+    maintainer without a GPU run the GPU's sizes on the CPU."""
+    monkeypatch.delenv("MHBOOK_GPU_SIZES", raising=False)
+    assert mhbook.cpu_or_gpu(400, 1200, torch.device("cpu")) == 400
+    assert mhbook.cpu_or_gpu(400, 1200, torch.device("meta")) == 400
+    assert mhbook.cpu_or_gpu(400, 1200, torch.device("cuda")) == 1200  # no GPU needed to ask
+    monkeypatch.setenv("MHBOOK_GPU_SIZES", "1")
+    assert mhbook.cpu_or_gpu(400, 1200, torch.device("cpu")) == 1200
+    monkeypatch.setenv("MHBOOK_GPU_SIZES", "0")
+    assert mhbook.cpu_or_gpu(400, 1200, torch.device("cpu")) == 400
