@@ -9,16 +9,17 @@ BIN := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-# uv installs the pinned environment in about 12 s where pip takes about 70 s (both measured on
-# a 2-core machine with empty caches); pip is the fallback if uv fails. uv does not read pip's
-# configuration, so pip's find-links (where a machine keeps wheels on disk, here the CPU build
-# of torch) are handed to it.
+# uv installs the pinned environment in about 30 s where pip takes about 70 s (2 cores, empty
+# pip cache); pip is the fallback if uv fails. --compile-bytecode as pip does: without the .pyc
+# files every kernel and worker compiles torch & co. again (PYTHONDONTWRITEBYTECODE may be
+# set), which made the tests 90 s slower. uv does not read pip's configuration, so pip's
+# find-links (where a machine keeps wheels on disk, here the CPU build of torch) are handed on.
 FIND_LINKS = $(sort $(shell python3 -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\(.*\)'$$/\1/p"))
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet uv==0.13.9
-	$(BIN)/uv pip install --quiet --python $(BIN)/python $(addprefix --find-links ,$(FIND_LINKS)) \
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python $(addprefix --find-links ,$(FIND_LINKS)) \
 		-r requirements.txt -e . || $(BIN)/python -m pip install --quiet -r requirements.txt -e .
 	touch $@
 
