@@ -10,7 +10,9 @@ with the numbers of their Python references in ``mhbook.explorers``.
 
 Chromium is Debian's (``apt-get install chromium``); Playwright only drives it, nothing is
 downloaded. Without Chromium the browser checks are skipped, unless ``CI`` is set: then they
-fail. Screenshots go to ``_build/screenshots/`` (or ``$MHBOOK_SCREENSHOTS``).
+fail. Screenshots go to ``_build/screenshots/`` (or ``$MHBOOK_SCREENSHOTS``): the first screen
+of every page, the whole page when the page fails its checks or when ``MHBOOK_FULL_SCREENSHOTS=1``
+asks for all of them (whole pages are slow: 8 s for the API page, 113,000 pixels tall).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ except ImportError:  # tests/ became a package
 
 BUILD_DIR = ROOT / "_build" / "browser-test"
 SCREENSHOTS = Path(os.environ.get("MHBOOK_SCREENSHOTS") or ROOT / "_build" / "screenshots")
+FULL_SCREENSHOTS = os.environ.get("MHBOOK_FULL_SCREENSHOTS", "").strip() not in ("", "0")
 CHROMIUM = (
     os.environ.get("MHBOOK_CHROMIUM")
     or shutil.which("chromium")
@@ -300,7 +303,8 @@ def test_page(page, visit):
     except Exception:  # reported below, image by image
         pass
     facts = tab.evaluate(PAGE_FACTS)
-    tab.screenshot(path=str(SCREENSHOTS / _shot_name(page)), full_page=True)
+    shot = SCREENSHOTS / _shot_name(page)
+    tab.screenshot(path=str(shot), full_page=FULL_SCREENSHOTS)
 
     problems = []
     expected = _expected_title(page.source)
@@ -337,6 +341,8 @@ def test_page(page, visit):
     # Accessibility in the same visit (loading and typesetting a page is the slow part).
     problems += _axe_problems(tab)
     if problems:
+        if not FULL_SCREENSHOTS:  # the whole page, to see what went wrong
+            tab.screenshot(path=str(shot), full_page=True)
         pytest.fail(f"{page.html}:\n  " + "\n  ".join(problems), pytrace=False)
 
 
