@@ -33,12 +33,13 @@ book: setup
 # Three pytest-xdist workers on two cores, a whole file (a chapter's kernel) on each: the
 # browser test's worker mostly waits for Chromium, the other two run chapters, whose training
 # runs on one thread (chapters/conftest.py, which also runs each chapter on another CPU kernel
-# set and thread count than the native ones). The longest files go first (the browser test,
-# then the chapters), so that the short unit tests fill the end of the run.
+# set and thread count than the native ones). The longest files go first (LONGEST_FIRST in
+# tests/conftest.py; --no-loadscope-reorder keeps that order, where xdist would sort the files
+# by their number of tests), so that the short unit tests fill the end of the run.
 test: setup chromium
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n 3 --dist loadfile --durations=15 --nbval --nbval-current-env tests/test_browser.py chapters tests
+	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15 --nbval --nbval-current-env chapters tests
 
 bench: setup
 	$(BIN)/python -m mhbook.bench

@@ -14,6 +14,35 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # thread each, so that no test's threads wait for cores the other worker holds.
     torch.set_num_threads(1)
 
+# make test hands whole files to three xdist workers (--dist loadfile). xdist would order
+# them by their number of tests (--no-loadscope-reorder turns that off); these files take
+# longest, so they start first and the short ones fill the end of the run, where the workers
+# would otherwise wait for one long file. Seconds from `pytest --durations=0` with make
+# test's options on 2 cores (2026-11); the rest keep pytest's order.
+LONGEST_FIRST = {
+    "tests/test_browser.py": 340,  # builds the book, then opens every page in Chromium
+    "chapters/07-why-several-heads.ipynb": 250,
+    "chapters/12-sliding-windows.ipynb": 95,
+    "chapters/06-transformer.ipynb": 95,
+    "chapters/11-position-inside-attention.ipynb": 87,
+    "chapters/10-sharing-keys-and-values.ipynb": 80,
+    "chapters/09-decoder-only.ipynb": 77,
+    "chapters/08-efficient-attention.ipynb": 57,
+    "tests/test_colab.py": 45,
+    "chapters/13-heads-across-devices.ipynb": 34,
+    "tests/test_parallel.py": 31,
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Put the files of :data:`LONGEST_FIRST` first, longest first (a stable sort)."""
+
+    def seconds(item) -> float:
+        return LONGEST_FIRST.get(item.path.relative_to(config.rootpath).as_posix(), 0)
+
+    items.sort(key=seconds, reverse=True)
+
+
 # float32 keeps about 7 digits; the two sides sum in different orders (fused kernels,
 # packed projections), so allow a few ulps of the largest values. float64 must agree
 # almost to the last digit.

@@ -136,3 +136,11 @@ def test_notebooks_store_no_widget_state(path):
     assert "widgets" not in json.loads(path.read_text())["metadata"], (
         f"{path.name} stores ipywidgets state: drop metadata.widgets (see CONTRIBUTING.md)"
     )
+
+
+def test_longest_first_names_files_that_exist():
+    """make test's schedule (tests/conftest.py) must not name a file that was renamed."""
+    from conftest import LONGEST_FIRST
+
+    missing = [name for name in LONGEST_FIRST if not (ROOT / name).is_file()]
+    assert not missing, f"LONGEST_FIRST in tests/conftest.py names missing files: {missing}"
