@@ -3,10 +3,11 @@
 Six tables, all measured in one run on one machine (``--only NAME`` for one of them):
 
 (a) forward + backward time of :class:`mhbook.MultiHeadAttention` against
-    :class:`torch.nn.MultiheadAttention` (same weights, ``need_weights=False`` for both);
+    :class:`torch.nn.MultiheadAttention` (same weights, ``need_weights=False`` for both;
+    on a GPU also in bfloat16 and at a larger shape);
 (b) time and peak memory of the explicit :func:`mhbook.scaled_dot_product_attention`
     against PyTorch's fused :func:`torch.nn.functional.scaled_dot_product_attention`
-    as the sequence length grows;
+    as the sequence length grows (to 4k on a CPU, 16k on a GPU);
 (c) training throughput (target tokens per second) of the book's :class:`mhbook.Transformer`
     (``BOOK_CONFIG.model``) with the book's optimizer (:func:`mhbook.make_optimizer`);
 (d) greedy decoding time with and without the KV cache, same model with random weights;
@@ -65,6 +66,8 @@ __all__ = [
     "fill_cache",
     "cache_bytes",
     "bench_kv_cache",
+    "multihead_sizes",
+    "attention_lengths",
     "main",
 ]
 
@@ -162,22 +165,26 @@ def _ms(seconds: float) -> str:
 
 # -- (a) multi-head attention -----------------------------------------------------------
 def bench_multihead(
-    shapes: list[tuple[int, int, int, int]], device: torch.device, rounds: int
+    shapes: list[tuple[int, int, int, int]],
+    device: torch.device,
+    rounds: int,
+    dtype: torch.dtype = torch.float32,
 ) -> list[dict]:
     """Forward + backward seconds of mhbook's and PyTorch's multi-head self-attention.
 
     Args:
         shapes: ``(batch, length, d_model, num_heads)`` tuples.
+        dtype: of the weights and the input (e.g. ``torch.bfloat16`` on a GPU).
 
     Returns:
-        One dict per shape with keys ``shape``, ``mhbook_s``, ``torch_s``.
+        One dict per shape with keys ``shape``, ``dtype``, ``mhbook_s``, ``torch_s``.
     """
     results = []
     for batch, length, d_model, num_heads in shapes:
         torch.manual_seed(0)
-        theirs = nn.MultiheadAttention(d_model, num_heads, batch_first=True).to(device)
+        theirs = nn.MultiheadAttention(d_model, num_heads, batch_first=True).to(device, dtype)
         ours = MultiHeadAttention.from_torch(theirs)
-        x = torch.randn(batch, length, d_model, device=device, requires_grad=True)
+        x = torch.randn(batch, length, d_model, device=device, dtype=dtype, requires_grad=True)
 
         def run_ours(x=x, ours=ours):
             ours.zero_grad(set_to_none=True)
@@ -193,6 +200,7 @@ def bench_multihead(
         results.append(
             {
                 "shape": (batch, length, d_model, num_heads),
+                "dtype": dtype,
                 "mhbook_s": t["mhbook"],
                 "torch_s": t["torch"],
             }
@@ -562,6 +570,32 @@ SECTIONS = {
 }
 
 
+def multihead_sizes(
+    device: torch.device, quick: bool = False
+) -> tuple[list[tuple[int, int, int, int]], list[torch.dtype]]:
+    """Table (a)'s ``(batch, length, d_model, num_heads)`` shapes and dtypes on ``device``.
+
+    A GPU adds a larger shape and bfloat16, the dtype models train in there.
+    """
+    if quick:
+        return [(2, 16, 32, 4)], [torch.float32]
+    shapes = [(8, 512, 256, 8), (16, 128, 256, 8)]
+    if device.type == "cuda":
+        return [*shapes, (8, 2048, 1024, 16)], [torch.float32, torch.bfloat16]
+    return shapes, [torch.float32]
+
+
+def attention_lengths(device: torch.device, quick: bool = False) -> list[int]:
+    """Table (b)'s sequence lengths: up to 4k on a CPU, up to 16k on a GPU.
+
+    At 16k the explicit path's float32 scores take 8 GiB (8 heads x 16384^2 x 4 bytes).
+    """
+    if quick:
+        return [64, 128]
+    lengths = [256, 512, 1024, 2048, 4096]
+    return [*lengths, 8192, 16384] if device.type == "cuda" else lengths
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmarks and print their tables (see ``python -m mhbook.bench --help``)."""
     parser = argparse.ArgumentParser(
@@ -603,20 +637,29 @@ def main(argv: list[str] | None = None) -> None:
     print("times are medians over rounds that alternate the sides compared (noise hits all)")
 
     if "a" in sections:
-        shapes = [(2, 16, 32, 4)] if args.quick else [(8, 512, 256, 8), (16, 128, 256, 8)]
+        shapes, dtypes = multihead_sizes(device, args.quick)
         rows = []
-        for r in bench_multihead(shapes, device, rounds=2 if args.quick else 15):
-            ratio = r["mhbook_s"] / r["torch_s"]
-            rows.append([str(r["shape"]), _ms(r["mhbook_s"]), _ms(r["torch_s"]), f"{ratio:.2f}"])
+        for dtype in dtypes:
+            for r in bench_multihead(shapes, device, rounds=2 if args.quick else 15, dtype=dtype):
+                ratio = r["mhbook_s"] / r["torch_s"]
+                rows.append(
+                    [
+                        str(r["shape"]),
+                        str(dtype).removeprefix("torch."),
+                        _ms(r["mhbook_s"]),
+                        _ms(r["torch_s"]),
+                        f"{ratio:.2f}",
+                    ]
+                )
         _print_table(
             "(a) multi-head self-attention, forward + backward (ms); goal: ratio <= 1.0",
-            ["(batch, L, d_model, heads)", "mhbook", "nn.MHA", "mhbook/nn.MHA"],
+            ["(batch, L, d_model, heads)", "dtype", "mhbook", "nn.MHA", "mhbook/nn.MHA"],
             rows,
             ["same weights, train mode, dropout 0, need_weights=False, grads of input and weights"],
         )
 
     if "b" in sections:
-        lengths = [64, 128] if args.quick else [256, 512, 1024, 2048, 4096]
+        lengths = attention_lengths(device, args.quick)
         rows = []
         for r in bench_attention_memory(lengths, 8, 64, device, rounds=2 if args.quick else 3):
             rows.append(

@@ -122,6 +122,20 @@ def test_bench_quick_runs():
     assert result.stdout.rstrip().endswith("done")
 
 
+def test_bench_measures_more_on_a_gpu():
+    """On CUDA the benchmark goes to L=16k in (b) and adds bfloat16 and a larger shape to (a)."""
+    import torch
+
+    from mhbook.bench import attention_lengths, multihead_sizes
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert max(attention_lengths(cpu)) == 4096
+    assert max(attention_lengths(cuda)) == 16384
+    assert multihead_sizes(cpu)[1] == [torch.float32]
+    shapes, dtypes = multihead_sizes(cuda)
+    assert torch.bfloat16 in dtypes and len(shapes) > len(multihead_sizes(cpu)[0])
+
+
 def test_bibliography_parses():
     """references.bib is valid BibTeX (a missing brace otherwise fails only the book build)."""
     from pybtex.database import parse_file
