@@ -116,30 +116,56 @@ def attend(
         if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         return _explicit_attention(q, k, v, mask, dropout_p, bias)
-    # The fused kernel maps query head i to key/value head i // group itself
-    # (enable_gqa): no copy of the keys and values per query head, which would undo
-    # what sharing them saves in memory traffic.
-    gqa = {"enable_gqa": True} if group > 1 else {}
     if mask is None:  # no query lacks a key, not even with is_causal (its diagonal is kept)
         attn_mask = None if bias is None else bias.to(q.dtype)
-        output = F.scaled_dot_product_attention(
-            q, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, **gqa
-        )
-        return output, None
+        return _fused(q, k, v, attn_mask, dropout_p, is_causal, group), None
     # A query with no key to attend to must give zero output and zero gradient on every
     # backend: let the kernel see all keys for such rows (so no backend meets an empty
     # row), then zero them. On the CPU, where reading a value waits for nothing, this is
     # skipped when every query has a key (the usual case); elsewhere it always runs.
     has_key = mask.any(dim=-1, keepdim=True)
     if mask.device.type == "cpu" and bool(has_key.all()):
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=_with_bias(mask, bias, q), dropout_p=dropout_p, **gqa
-        ), None
+        return _fused(q, k, v, _with_bias(mask, bias, q), dropout_p, False, group), None
     attn_mask = _with_bias(mask | ~has_key, bias, q)
-    output = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, **gqa
-    )
+    output = _fused(q, k, v, attn_mask, dropout_p, False, group)
     return output.masked_fill(~has_key, 0.0), None
+
+
+def _fused(q, k, v, attn_mask, dropout_p, is_causal, group):
+    """PyTorch's fused attention; ``group`` query heads share each key/value head."""
+    if group > 1 and not kernel_shares_kv_heads(q, attn_mask):
+        # No fused GPU kernel would take the shared heads: copy each key/value head for its
+        # `group` query heads, so that one of them runs instead of PyTorch's slow math path.
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        group = 1
+    # Where a kernel can, it maps query head i to key/value head i // group itself
+    # (enable_gqa): no copy of the keys and values per query head, which would undo what
+    # sharing them saves in memory traffic.
+    gqa = {"enable_gqa": True} if group > 1 else {}
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **gqa
+    )
+
+
+def kernel_shares_kv_heads(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """Whether a fused kernel of PyTorch attends with fewer key/value heads than query
+    heads itself (``enable_gqa=True``), rather than falling back to its slow math backend.
+
+    The CPU's kernel always can. On a CUDA GPU only FlashAttention can (PyTorch 2.5 to
+    2.11 at least; the memory-efficient and cuDNN kernels need as many key/value heads as
+    query heads), and it needs float16 or bfloat16, no mask tensor, heads of at most 256
+    and a GPU of compute capability 8.0 or later (not the T4 of Colab's free tier).
+    """
+    if q.device.type == "cpu":
+        return True
+    if q.device.type != "cuda":
+        return False
+    return (
+        q.dtype in (torch.float16, torch.bfloat16)
+        and attn_mask is None
+        and q.size(-1) <= 256
+        and torch.cuda.get_device_capability(q.device) >= (8, 0)
+    )
 
 
 def _with_bias(mask: torch.Tensor, bias: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:

@@ -321,3 +321,32 @@ def test_attend_guards_only_masks_with_an_empty_row_on_the_cpu(monkeypatch, lens
     output, _ = mhbook.attend(q, k, v, mask)
     assert (seen[0] is not mask) == guarded
     assert torch.isfinite(output).all() and (output[1] == 0).all() == guarded
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding"])
+def test_attend_expands_shared_heads_where_no_kernel_takes_them(monkeypatch, masked):
+    """Where no fused kernel maps query heads to shared key/value heads (on a GPU in float32,
+    or with a mask), attend copies each key/value head for its query heads instead of
+    passing enable_gqa, which would fall back to PyTorch's slow math backend; same result."""
+    q, k, v = _heads(4, 2, 3, 5, torch.float64)
+    mask = mhbook.padding_mask(torch.tensor([5, 2, 4]), 5) if masked else None
+    shared, _ = mhbook.attend(q, k, v, mask)  # the CPU's kernel takes the shared heads
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((k.size(1), v.size(1), kwargs.get("enable_gqa", False)))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(mhbook.attention.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(mhbook.attention, "kernel_shares_kv_heads", lambda q, attn_mask: False)
+    expanded, _ = mhbook.attend(q, k, v, mask)
+    assert seen == [(4, 4, False)]
+    torch.testing.assert_close(expanded, shared)
+
+
+def test_only_the_cpu_kernel_is_known_to_share_heads_in_every_case():
+    q = torch.zeros(1, 4, 3, 8)
+    assert mhbook.attention.kernel_shares_kv_heads(q, None)
+    assert mhbook.attention.kernel_shares_kv_heads(q, torch.ones(3, 3, dtype=torch.bool))
+    assert not mhbook.attention.kernel_shares_kv_heads(q.to("meta"), None)

@@ -195,6 +195,28 @@ def test_no_errors_or_warnings_in_outputs(path):
     assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
 
 
+# A random tensor drawn on a GPU comes from the GPU's own generator: other numbers than the
+# page shows, and the CPU's generator then falls out of step for every later draw.
+RANDOM_ON_DEVICE = re.compile(r"torch\.(?:randn|rand|randint|randperm|normal)\([^\n]*\bdevice=")
+# .numpy() of a tensor on a GPU raises: chapters write .cpu().numpy().
+NUMPY_WITHOUT_CPU = re.compile(r"(?<!\.cpu\(\))\.numpy\(\)")
+
+
+@per_chapter
+def test_chapters_print_the_same_on_a_gpu(path):
+    """Random numbers are drawn on the CPU and moved (``torch.randn(...).to(device)``), so a
+    GPU prints the page's numbers; tensors reach NumPy through ``.cpu()``."""
+    problems = []
+    for n, cell in enumerate(_code_cells(_read(path)), start=1):
+        for line in cell.source.splitlines():
+            if RANDOM_ON_DEVICE.search(line) or NUMPY_WITHOUT_CPU.search(line):
+                problems.append(f"cell {n}: {line.strip()}")
+    assert not problems, (
+        f"{path.name}: draw on the CPU then .to(device), and write .cpu().numpy():\n  "
+        + "\n  ".join(problems)
+    )
+
+
 @per_chapter
 def test_nbval_checks_every_cell(path):
     nb = _read(path)
