@@ -324,11 +324,13 @@ def test_attend_guards_only_masks_with_an_empty_row_on_the_cpu(monkeypatch, lens
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding"])
-def test_attend_expands_shared_heads_where_no_kernel_takes_them(monkeypatch, masked):
+@pytest.mark.parametrize("num_queries", [3, 1], ids=["queries", "decoding-step"])
+def test_attend_expands_shared_heads_where_no_kernel_takes_them(monkeypatch, masked, num_queries):
     """Where no fused kernel maps query heads to shared key/value heads (on a GPU in float32,
-    or with a mask), attend copies each key/value head for its query heads instead of
-    passing enable_gqa, which would fall back to PyTorch's slow math backend; same result."""
-    q, k, v = _heads(4, 2, 3, 5, torch.float64)
+    or with a mask), attend copies each key/value head for its query heads rather than let
+    PyTorch fall back to its math backend, except for one query (a decoding step), whose
+    math path stores no L x S scores and reads each shared head once. Same result."""
+    q, k, v = _heads(4, 2, num_queries, 5, torch.float64)
     mask = mhbook.padding_mask(torch.tensor([5, 2, 4]), 5) if masked else None
     shared, _ = mhbook.attend(q, k, v, mask)  # the CPU's kernel takes the shared heads
     seen = []
@@ -341,7 +343,7 @@ def test_attend_expands_shared_heads_where_no_kernel_takes_them(monkeypatch, mas
     monkeypatch.setattr(mhbook.attention.F, "scaled_dot_product_attention", spy)
     monkeypatch.setattr(mhbook.attention, "kernel_shares_kv_heads", lambda q, attn_mask: False)
     expanded, _ = mhbook.attend(q, k, v, mask)
-    assert seen == [(4, 4, False)]
+    assert seen == ([(4, 4, False)] if num_queries > 1 else [(2, 2, True)])
     torch.testing.assert_close(expanded, shared)
 
 
