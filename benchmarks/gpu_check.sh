@@ -13,7 +13,7 @@
 #   chapters.tar.gz  chapters 3 and 7-13 executed on the GPU (9-12 at their GPU sizes,
 #                mhbook.cpu_or_gpu), every cell run even after an error, with a log each
 # Each part has its own time limit, and a failing part does not stop the next. The appendix
-# "Measured on a GPU" (chapters/appendix-gpu.md) records what it printed.
+# "Measured on a GPU" (appendix-gpu.md) records what it printed on an H200.
 set -u
 out=${1:?usage: bash benchmarks/gpu_check.sh OUTDIR}
 mkdir -p "$out/chapters"
@@ -39,7 +39,7 @@ timeout 150 $py -m mhbook.bench --device cuda >"$out/bench.txt" 2>&1
 echo "rc $?"
 
 echo "== the whole suite with nbval, and chapters 3, 7-13 executed and kept, side by side"
-# Every worker's CPU work on 2 threads: 8 workers and 4 kernels share the cores.
+# Every worker's CPU work on 2 threads: 8 workers and 8 kept chapters share the cores.
 OMP_NUM_THREADS=2 timeout 280 $py -m pytest -n 8 --dist loadfile --nbval --nbval-current-env \
     chapters tests --ignore tests/test_browser.py -p no:cacheprovider --durations=15 -rfEs \
     >"$out/suite.txt" 2>&1 &
