@@ -140,13 +140,22 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
     return peak
 
 
-def _print_table(title: str, header: list[str], rows: list[list[str]], notes: list[str]) -> None:
+def _print_table(
+    title: str, header: list[str], rows: list[list[str]], notes: list[str], left: int = 0
+) -> None:
+    """Columns right-aligned, except the first ``left`` ones (labels)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells):
+        return "  ".join(
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
+
     print(f"\n{title}")
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
-    print("  ".join("-" * w for w in widths))
+    print(line(header))
+    print(line(["-" * w for w in widths]))
     for row in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        print(line(row))
     for note in notes:
         print(f"  note: {note}")
 
@@ -360,22 +369,31 @@ def bench_training_vs_d2l(
     vocab_size: int = 200,
     config: Config = D2L_CONFIG,
 ) -> dict:
-    """Target tokens per second of training steps of mhbook and of D2L's code, interleaved.
+    """Target tokens per second of training steps of mhbook and of D2L's code, interleaved,
+    with two more models for scale.
 
-    Both train a Transformer of ``config.model`` (default D2L's own: d_model 32, 2 + 2
+    All train a Transformer of ``config.model`` (default D2L's own: d_model 32, 2 + 2
     layers, 4 heads, FFN 64, dropout 0.1) on the same ``num_batches`` random batches of
     ``config.train.batch_size`` pairs of ``length`` tokens (:func:`random_translation_batch`),
-    in turn. mhbook's step is :func:`~mhbook.fit`'s (:func:`~mhbook.translation_loss`,
-    backward, clipping to ``config.train.clip_norm``, :func:`~mhbook.make_optimizer`, the
-    learning-rate schedule); D2L's is ``train_seq2seq``'s (:mod:`mhbook.bench_d2l`:
-    ``MaskedSoftmaxCELoss``, ``grad_clipping(net, 1)``, ``torch.optim.Adam``).
-    One timed call runs ``steps`` steps of one side; see :func:`interleaved_median_times`.
+    in turn:
+
+    - ``mhbook``: :class:`~mhbook.Transformer` trained by :func:`~mhbook.fit`'s step
+      (:func:`~mhbook.translation_loss`, backward, clipping to ``config.train.clip_norm``,
+      :func:`~mhbook.make_optimizer`, the learning-rate schedule);
+    - ``flat``: the same model written flat with no checks
+      (:class:`mhbook.bench_flat.FlatTransformer`, mhbook's initial weights), same step;
+    - ``torch``: :class:`torch.nn.Transformer` of the same sizes
+      (:class:`mhbook.bench_flat.TorchTransformer`), same step;
+    - ``d2l``: D2L's code and ``train_seq2seq``'s step (:mod:`mhbook.bench_d2l`:
+      ``MaskedSoftmaxCELoss``, ``grad_clipping(net, 1)``, ``torch.optim.Adam``).
+
+    One timed call runs ``steps`` steps of one model; see :func:`interleaved_median_times`.
 
     Returns:
-        ``mhbook_tokens_per_s``, ``d2l_tokens_per_s`` (``batch * length`` target positions
-        per step) and ``ratio`` (mhbook's over D2L's).
+        ``{name}_tokens_per_s`` for each name above (``batch * length`` target positions
+        per step) and ``ratio``, mhbook's over D2L's.
     """
-    from . import bench_d2l
+    from . import bench_d2l, bench_flat
 
     batch_size = config.train.batch_size
     generator = torch.Generator().manual_seed(0)
@@ -385,9 +403,26 @@ def bench_training_vs_d2l(
     ]
     torch.manual_seed(0)
     ours = Transformer(config.model, vocab_size, vocab_size).to(device).train()
-    optimizer = make_optimizer(ours, config.train)
-    scheduler = make_scheduler(optimizer, config.train)
+    flat = bench_flat.FlatTransformer(config.model, vocab_size, vocab_size).to(device).train()
+    flat.load_state_dict(ours.state_dict())
+    torch_model = bench_flat.TorchTransformer(config.model, vocab_size, vocab_size)
     loss_fn = partial(translation_loss, pad_id=0)
+
+    def fit_steps(model: nn.Module) -> Callable[[], None]:
+        model = model.to(device).train()
+        optimizer = make_optimizer(model, config.train)
+        scheduler = make_scheduler(optimizer, config.train)
+
+        def run():
+            for i in range(steps):
+                b = batches[i % num_batches]
+                loss, n_tokens = train._train_step(
+                    model, b, loss_fn, optimizer, scheduler, config.train.clip_norm
+                )
+                loss.item(), int(n_tokens)  # what fit logs
+
+        return run
+
     m = config.model
     theirs = bench_d2l.d2l_transformer(
         vocab_size, vocab_size, m.d_model, m.num_layers, m.dropout, m.d_ff, m.num_heads
@@ -395,14 +430,6 @@ def bench_training_vs_d2l(
     theirs = theirs.to(device).train()
     d2l_optimizer = torch.optim.Adam(theirs.parameters(), lr=config.train.lr)
     d2l_loss = bench_d2l.MaskedSoftmaxCELoss()
-
-    def run_ours():
-        for i in range(steps):
-            b = batches[i % num_batches]
-            loss, n_tokens = train._train_step(
-                ours, b, loss_fn, optimizer, scheduler, config.train.clip_norm
-            )
-            loss.item(), int(n_tokens)  # what fit logs
 
     def run_theirs():
         for i in range(steps):
@@ -412,13 +439,17 @@ def bench_training_vs_d2l(
                 b.tgt_valid_lens, bos_id=1,
             )  # fmt: skip
 
-    t = interleaved_median_times({"mhbook": run_ours, "d2l": run_theirs}, device, rounds)
-    tokens = batch_size * length * steps
-    return {
-        "mhbook_tokens_per_s": tokens / t["mhbook"],
-        "d2l_tokens_per_s": tokens / t["d2l"],
-        "ratio": t["d2l"] / t["mhbook"],
+    fns = {
+        "mhbook": fit_steps(ours),
+        "flat": fit_steps(flat),
+        "torch": fit_steps(torch_model),
+        "d2l": run_theirs,
     }
+    t = interleaved_median_times(fns, device, rounds)
+    tokens = batch_size * length * steps
+    result = {f"{name}_tokens_per_s": tokens / t[name] for name in fns}
+    result["ratio"] = t["d2l"] / t["mhbook"]
+    return result
 
 
 # -- (f) KV-cache bytes and decoding time of the attention variants ----------------------
@@ -729,24 +760,37 @@ def main(argv: list[str] | None = None) -> None:
         rounds, steps = (2, 2) if args.quick else (21, 10)
         r = bench_training_vs_d2l(device, rounds, steps)
         c = D2L_CONFIG
+        models = {
+            "mhbook": "mhbook.Transformer, fit's step",
+            "flat": "the same model flat, no checks",
+            "torch": "torch.nn.Transformer, fit's step",
+            "d2l": "D2L's code, train_seq2seq's step",
+        }
+        d2l = r["d2l_tokens_per_s"]
         _print_table(
             f"(e) training step against D2L's code at D2L's configuration ({_describe(c.model)}, "
-            f"batch {c.train.batch_size} x 10 tokens); goal: ratio >= 1.5",
-            ["mhbook tokens/s", "D2L tokens/s", "mhbook/D2L"],
+            f"batch {c.train.batch_size} x 10 tokens); goal: mhbook/D2L >= 1.5",
+            ["model", "tokens/s", "/ D2L"],
             [
                 [
-                    f"{r['mhbook_tokens_per_s']:,.0f}",
-                    f"{r['d2l_tokens_per_s']:,.0f}",
-                    f"{r['ratio']:.2f}",
+                    label,
+                    f"{r[f'{name}_tokens_per_s']:,.0f}",
+                    f"{r[f'{name}_tokens_per_s'] / d2l:.2f}",
                 ]
+                for name, label in models.items()
             ],
             [
-                "mhbook: fit's step (translation_loss, clipping, mhbook.make_optimizer, schedule); "
-                "D2L: train_seq2seq's step (mhbook/bench_d2l.py: MaskedSoftmaxCELoss, "
-                "grad_clipping, Adam)",
+                f"mhbook/D2L = {r['ratio']:.2f}",
+                "fit's step: translation_loss, clipping, mhbook.make_optimizer, schedule; "
+                "D2L's (mhbook/bench_d2l.py): MaskedSoftmaxCELoss, grad_clipping, Adam",
+                "flat (mhbook/bench_flat.py): mhbook's model and weights as plain functions, "
+                "no input checks (it trains to the same bits): what the book's code could gain",
+                "torch.nn.Transformer (mhbook/bench_flat.py): PyTorch's own; its dropout also "
+                "on the attention weights and inside the FFN, plus a final norm per stack",
                 f"the same random batches, vocabulary 200; {steps} steps per timed call, "
                 f"median of {rounds} interleaved calls each",
             ],
+            left=1,
         )
     if "f" in sections:
         if args.quick:

@@ -88,7 +88,15 @@ def test_bench_only_training_vs_d2l():
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "\n(e) " in result.stdout and "mhbook/D2L" in result.stdout
+    assert "\n(e) " in result.stdout and "mhbook/D2L = " in result.stdout
+    table = result.stdout[result.stdout.index("\n(e) ") :].splitlines()
+    assert [row.split("  ")[0] for row in table[4:8]] == [
+        "mhbook.Transformer, fit's step",
+        "the same model flat, no checks",
+        "torch.nn.Transformer, fit's step",
+        "D2L's code, train_seq2seq's step",
+    ]
+    assert table[7].endswith(" 1.00")  # D2L over itself
     assert all(f"\n({t}) " not in result.stdout for t in "abcd")
 
 
