@@ -655,6 +655,91 @@ AXE_FAILING_IMPACTS = {"serious", "critical"}
 # elements it flags, so a new violation of the same rule in the book's own content still fails.
 AXE_THEME_ALLOWED: dict[str, tuple[str, str]] = {}
 
+# Highlighted code and outputs, API signatures and inline code hold thousands of spans in a few
+# colours of the theme (chapter 7: 13,000). axe's color-contrast rule takes seconds per thousand
+# nodes (14 s for chapter 7 alone, 20 s for the API page), so in these regions text contrast is
+# checked by colour instead (_colour_problems): every distinct text colour, background, size and
+# weight among their visible text must reach the ratio axe requires. axe checks the rest.
+CONTRAST_BY_COLOUR = (".highlight", ".sig", "code")
+
+# {"[colour, [backgrounds from the element up to an opaque one], size, weight, opacity]": an
+# element that has it} for the visible text inside the elements matching the selectors.
+COLOUR_PAIRS = r"""
+(selectors) => {
+  const transparent = (c) => c === "transparent" || /^rgba\(.*,\s*0\)$/.test(c);
+  const layersOf = new Map();
+  const layers = (el) => {
+    if (!el) return ["rgb(255, 255, 255)"];  // the canvas
+    if (!layersOf.has(el)) {
+      const c = getComputedStyle(el).backgroundColor;
+      const up = c.startsWith("rgba") || transparent(c) ? layers(el.parentElement) : [];
+      layersOf.set(el, transparent(c) ? up : [c, ...up]);
+    }
+    return layersOf.get(el);
+  };
+  const found = {};
+  for (const el of document.querySelectorAll(selectors.map((s) => `${s}, ${s} *`).join(", "))) {
+    if (el.closest("svg") || !el.getClientRects().length) continue;  // not rendered as text
+    if (!Array.from(el.childNodes).some((n) => n.nodeType === 3 && n.textContent.trim())) continue;
+    const s = getComputedStyle(el);
+    if (s.visibility !== "visible") continue;
+    const key = JSON.stringify([s.color, layers(el), s.fontSize, s.fontWeight, s.opacity]);
+    if (!(key in found)) found[key] = `<${el.tagName.toLowerCase()} class="${el.className}">`;
+  }
+  return found;
+}
+"""
+
+
+def _rgba(css: str) -> tuple[float, float, float, float]:
+    m = re.fullmatch(r"rgba?\(([\d.]+), ([\d.]+), ([\d.]+)(?:, ([\d.]+))?\)", css)
+    if m is None:
+        raise ValueError(f"a colour this test cannot read: {css!r}")
+    r, g, b, a = m.groups()
+    return float(r), float(g), float(b), 1.0 if a is None else float(a)
+
+
+def _over(top: tuple, bottom: tuple) -> tuple:
+    """``top`` (with its alpha) painted over the opaque ``bottom``."""
+    a = top[3]
+    return (*(a * t + (1 - a) * b for t, b in zip(top[:3], bottom[:3])), 1.0)
+
+
+def _luminance(rgb: tuple) -> float:
+    """WCAG 2's relative luminance of an sRGB colour (channels 0-255)."""
+    c = [v / 255 for v in rgb[:3]]
+    c = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
+    return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+
+
+def contrast_ratio(colour: str, backgrounds: list[str], opacity: float = 1.0) -> float:
+    """WCAG 2's contrast ratio of text in CSS ``colour`` over ``backgrounds`` (the element's
+    own first, down to an opaque one)."""
+    background = _rgba(backgrounds[-1])
+    for layer in reversed(backgrounds[:-1]):
+        background = _over(_rgba(layer), background)
+    r, g, b, a = _rgba(colour)
+    text = _over((r, g, b, a * opacity), background)
+    lighter, darker = sorted((_luminance(text), _luminance(background)), reverse=True)
+    return (lighter + 0.05) / (darker + 0.05)
+
+
+def _colour_problems(tab) -> list[str]:
+    """Text in the CONTRAST_BY_COLOUR regions below axe's color-contrast thresholds (WCAG AA:
+    4.5, or 3 for large text: 24 px, or 18.66 px bold)."""
+    problems = []
+    for key, element in tab.evaluate(COLOUR_PAIRS, list(CONTRAST_BY_COLOUR)).items():
+        colour, backgrounds, size, weight, opacity = json.loads(key)
+        size, weight = float(size.removesuffix("px")), int(weight)
+        needed = 3.0 if size >= 24 or (size >= 18.66 and weight >= 700) else 4.5
+        ratio = contrast_ratio(colour, backgrounds, float(opacity))
+        if ratio < needed:
+            problems.append(
+                f"contrast {ratio:.2f} < {needed} for {colour} on {backgrounds[0]} "
+                f"({size:g}px, weight {weight}), e.g. {element}"
+            )
+    return problems
+
 
 def _axe_violations(tab) -> list[dict]:
     try:
@@ -662,9 +747,20 @@ def _axe_violations(tab) -> list[dict]:
     except ImportError:
         _no_browser("axe-playwright-python is not installed (pip install -r requirements.txt)")
     tab.evaluate(WAIT_FOR_MATHJAX)  # judge the page as the reader sees it, math typeset
-    results = Axe().run(tab, options={"resultTypes": ["violations"]}).response
+    axe = Axe()
+    everything_else = {
+        "resultTypes": ["violations"],
+        "rules": {"color-contrast": {"enabled": False}},
+    }
+    contrast = {
+        "resultTypes": ["violations"],
+        "runOnly": {"type": "rule", "values": ["color-contrast"]},
+    }
+    violations = axe.run(tab, options=everything_else).response["violations"]
+    outside = {"exclude": [[selector] for selector in CONTRAST_BY_COLOUR]}
+    violations += axe.run(tab, context=outside, options=contrast).response["violations"]
     found = []
-    for violation in results["violations"]:
+    for violation in violations:
         if violation["impact"] not in AXE_FAILING_IMPACTS:
             continue
         allowed = AXE_THEME_ALLOWED.get(violation["id"])
@@ -679,8 +775,9 @@ def _axe_violations(tab) -> list[dict]:
 
 
 def _axe_problems(tab) -> list[str]:
-    """axe-core's serious or critical violations on the page (theme issues aside), as lines."""
-    lines = []
+    """axe-core's serious or critical violations on the page (theme issues aside), and text of
+    too little contrast where it is checked by colour, as lines."""
+    lines = [f"colour contrast: {problem}" for problem in _colour_problems(tab)]
     for v in _axe_violations(tab):
         lines.append(f"axe-core: {v['id']} ({v['impact']}, {len(v['nodes'])}x): {v['help']}")
         for node in v["nodes"][:3]:
