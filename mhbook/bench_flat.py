@@ -25,20 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .layers import sinusoidal_encoding
+from .layers import _dropout, sinusoidal_encoding  # the book's own dropout
 
 __all__ = ["FlatTransformer", "TorchTransformer"]
 
 #: Positions in the positional-encoding tables of both models (the benchmark uses 10).
 MAX_LENGTH = 512
-
-
-def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """The book's dropout (:func:`mhbook.layers._drop`): zero with probability ``p``,
-    scale the rest by ``1 / (1 - p)``."""
-    if not training or p == 0:
-        return x
-    return x * torch.rand_like(x).ge_(p).div_(1 - p)
 
 
 def _attention_weights(d_model: int) -> nn.ModuleDict:

@@ -12,8 +12,13 @@ __all__ = ["sinusoidal_encoding", "PositionalEncoding", "PositionWiseFFN", "AddN
 
 
 def _drop(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
-    """``dropout(x)``: in training, each value of ``x`` is zeroed with probability
-    ``p = dropout.p`` and the others are scaled by ``1 / (1 - p)``.
+    """``dropout(x)`` as :func:`_dropout` computes it, with the module's ``p`` and mode."""
+    return _dropout(x, dropout.p, dropout.training)
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """In training, each value of ``x`` is zeroed with probability ``p`` and the others are
+    scaled by ``1 / (1 - p)``.
 
     ``x`` itself, with no op run, in eval mode or for ``p = 0``. Otherwise this is
     ``F.dropout`` written out (noise of zeros and ``1 / (1 - p)``, times ``x``) with one
@@ -21,11 +26,10 @@ def _drop(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
     the same distribution for half the random numbers (PyTorch's CPU ``bernoulli_`` draws
     two per value), which makes each dropout about a third faster on the CPU.
     """
-    p = dropout.p
-    if not dropout.training or p == 0:
+    if not training or p == 0:
         return x
     if p == 1:
-        return dropout(x)  # all zeros
+        return torch.nn.functional.dropout(x, 1.0)  # all zeros
     noise = torch.rand_like(x).ge_(p).div_(1 - p)  # 0, or 1 / (1 - p) with probability 1 - p
     return x * noise
 
