@@ -42,4 +42,4 @@ test: setup chromium
 	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15 --nbval --nbval-current-env chapters tests
 
 bench: setup
-	$(BIN)/python -m mhbook.bench
+	$(BIN)/python -m benchmarks.bench

@@ -7,7 +7,7 @@
 # importable. It writes into OUTDIR:
 #   env.txt      the GPU, torch, CUDA and Python versions
 #   cuda.txt     pytest -m cuda (tests/test_cuda.py)
-#   bench.txt    python -m mhbook.bench --device cuda: (b) up to L=16k, (a) in bfloat16 too
+#   bench.txt    python -m benchmarks.bench --device cuda: (b) up to L=16k, (a) in bfloat16 too
 #   suite.txt    every test and nbval on every chapter, on the GPU (the browser test of the
 #                HTML book is left out: it needs Chromium and the book build, not a GPU)
 #   chapters.tar.gz  chapters 3 and 7-13 executed on the GPU (9-12 at their GPU sizes,
@@ -34,8 +34,8 @@ echo "== pytest -m cuda"
 timeout 90 $py -m pytest -m cuda tests/test_cuda.py -v -p no:cacheprovider >"$out/cuda.txt" 2>&1
 echo "rc $?"; tail -3 "$out/cuda.txt"
 
-echo "== python -m mhbook.bench --device cuda"
-timeout 150 $py -m mhbook.bench --device cuda >"$out/bench.txt" 2>&1
+echo "== python -m benchmarks.bench --device cuda"
+timeout 150 $py -m benchmarks.bench --device cuda >"$out/bench.txt" 2>&1
 echo "rc $?"
 
 echo "== the whole suite with nbval, and chapters 3, 7-13 executed and kept, side by side"

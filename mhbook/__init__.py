@@ -23,6 +23,7 @@ from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_enc
 from .lm import DecoderOnlyBlock, DecoderOnlyLM, make_attention
 from .lm_data import LMBatch, PromptCompletion, completion_loss, evaluate_lm
 from .masks import causal_mask, check_mask, padding_mask
+from .measure import peak_memory_bytes
 from .mla import MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
 from .parallel import TensorParallelMultiHeadAttention
@@ -182,6 +183,7 @@ __all__ = [
     "load_checkpoint",
     "to_numpy",
     "use_sharp_figures",
+    "peak_memory_bytes",
     # plots and explorers (imported on first use)
     "plot_heatmap",
     "plot_attention_grid",

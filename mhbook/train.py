@@ -364,7 +364,7 @@ def fit(
 
 
 def _train_step(model, batch, loss_fn, optimizer, scheduler, clip_norm):
-    """One optimisation step of :func:`fit` (also what ``python -m mhbook.bench`` times):
+    """One optimisation step of :func:`fit` (also what ``python -m benchmarks.bench`` times):
     loss, backward, clipping, a step of the optimizer and of the learning rate.
     Returns ``loss_fn``'s ``(loss, n_tokens)``."""
     loss, n_tokens = loss_fn(model, batch)

@@ -1,6 +1,6 @@
-"""The benchmark's Dive into Deep Learning reference (mhbook/bench_d2l.py) computes what
+"""The benchmark's Dive into Deep Learning reference (benchmarks/bench_d2l.py) computes what
 mhbook computes: its attention with valid lengths equals mhbook's with the same masks, so
-the training-speed ratio of ``python -m mhbook.bench`` compares like with like. And the
+the training-speed ratio of ``python -m benchmarks.bench`` compares like with like. And the
 KV-cache table (f) fills its caches as a forward pass would and reports their bytes."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 import mhbook
-from mhbook import bench_d2l
-from mhbook.bench import (
+from benchmarks import bench_d2l
+from benchmarks.bench import (
     D2L_CONFIG,
     cache_bytes,
     fill_cache,
@@ -83,7 +83,7 @@ def test_random_batches_are_padded_after_their_lengths():
 def test_bench_only_training_vs_d2l():
     """``--only training-vs-d2l`` prints table (e) alone, with its ratio."""
     result = subprocess.run(
-        [sys.executable, "-m", "mhbook.bench", "--quick", "--threads", "1", "--only",
+        [sys.executable, "-m", "benchmarks.bench", "--quick", "--threads", "1", "--only",
          "training-vs-d2l"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -104,7 +104,8 @@ def test_bench_only_kv_cache():
     """``--only kv-cache --quick`` prints table (f) alone: five variants at three contexts,
     with bytes that scale as the variants' caches do (d_model 64, 8 heads of 8, W = 32)."""
     result = subprocess.run(
-        [sys.executable, "-m", "mhbook.bench", "--quick", "--threads", "1", "--only", "kv-cache"],
+        [sys.executable, "-m", "benchmarks.bench", "--quick", "--threads", "1", "--only",
+         "kv-cache"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

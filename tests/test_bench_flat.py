@@ -1,4 +1,4 @@
-"""The benchmark's two extra models (mhbook/bench_flat.py) are what table (e) says they are:
+"""The benchmark's two extra models (benchmarks/bench_flat.py) are what table (e) says they are:
 the flat model is mhbook's Transformer to the last bit, in training too, and the wrapped
 torch.nn.Transformer masks the source's padding as mhbook does."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import mhbook
+from benchmarks.bench import D2L_CONFIG, random_translation_batch
+from benchmarks.bench_flat import FlatTransformer, TorchTransformer
 from mhbook import train
-from mhbook.bench import D2L_CONFIG, random_translation_batch
-from mhbook.bench_flat import FlatTransformer, TorchTransformer
 
 CONFIG = D2L_CONFIG.model  # d_model 32, 4 heads, 2 + 2 layers, d_ff 64, dropout 0.1
 

@@ -23,7 +23,7 @@ CHAPTERS = ROOT / "chapters"
 
 def _python_sources():
     """``(label, source)`` for every .py file of the project and every notebook code cell."""
-    for folder in ("mhbook", "tests", "_ext"):
+    for folder in ("mhbook", "benchmarks", "tests", "_ext"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             yield str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")
     for path in sorted((ROOT / "chapters").rglob("*.ipynb")):
@@ -104,18 +104,18 @@ def test_public_names_have_docstrings():
 
 
 def test_bench_quick_runs():
-    """``python -m mhbook.bench --quick`` prints its six tables."""
+    """``python -m benchmarks.bench --quick`` prints its six tables."""
     try:
         result = subprocess.run(
             # One thread: tiny ops on a busy shared CPU are much slower with two.
-            [sys.executable, "-m", "mhbook.bench", "--quick", "--threads", "1"],
+            [sys.executable, "-m", "benchmarks.bench", "--quick", "--threads", "1"],
             cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=300,
         )
     except subprocess.TimeoutExpired:  # pragma: no cover
-        pytest.fail("python -m mhbook.bench --quick took more than 300 s")
+        pytest.fail("python -m benchmarks.bench --quick took more than 300 s")
     assert result.returncode == 0, result.stderr[-3000:]
     for table in ("(a)", "(b)", "(c)", "(d)", "(e)", "(f)"):
         assert f"\n{table} " in result.stdout
@@ -126,7 +126,7 @@ def test_bench_measures_more_on_a_gpu():
     """On CUDA the benchmark goes to L=16k in (b) and adds bfloat16 and a larger shape to (a)."""
     import torch
 
-    from mhbook.bench import attention_lengths, multihead_sizes
+    from benchmarks.bench import attention_lengths, multihead_sizes
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert max(attention_lengths(cpu)) == 4096

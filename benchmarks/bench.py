@@ -1,4 +1,4 @@
-"""Benchmarks of the book's code against PyTorch's, run as ``python -m mhbook.bench``.
+"""Benchmarks of the book's code against PyTorch's, run as ``python -m benchmarks.bench``.
 
 Six tables, all measured in one run on one machine (``--only NAME`` for one of them):
 
@@ -12,7 +12,7 @@ Six tables, all measured in one run on one machine (``--only NAME`` for one of t
     (``BOOK_CONFIG.model``) with the book's optimizer (:func:`mhbook.make_optimizer`);
 (d) greedy decoding time with and without the KV cache, same model with random weights;
 (e) target tokens per second of the book's training step (:func:`mhbook.fit`'s) against
-    that of Dive into Deep Learning's Transformer code (:mod:`mhbook.bench_d2l`, written
+    that of Dive into Deep Learning's Transformer code (:mod:`benchmarks.bench_d2l`, written
     for this comparison) at D2L's own configuration, and their ratio;
 (f) KV-cache bytes and decoding time per new token of one self-attention layer, for
     multi-head, grouped-query, multi-query and latent attention and a sliding window, at
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import time
 from functools import partial
@@ -38,23 +37,31 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
-from . import train
-from .attention import scaled_dot_product_attention
-from .cache import LayerCache
-from .config import BOOK_CONFIG, Config, ModelConfig, TrainConfig
-from .data import Batch
-from .lm import make_attention
-from .masks import causal_mask
-from .mla import MultiHeadLatentAttention
-from .multihead import MultiHeadAttention
-from .train import make_optimizer, make_scheduler, sequence_loss, translation_loss
-from .transformer import Transformer
+from mhbook import (
+    BOOK_CONFIG,
+    Batch,
+    Config,
+    LayerCache,
+    ModelConfig,
+    MultiHeadAttention,
+    MultiHeadLatentAttention,
+    TrainConfig,
+    Transformer,
+    causal_mask,
+    get_device,
+    make_attention,
+    make_optimizer,
+    make_scheduler,
+    peak_memory_bytes,
+    scaled_dot_product_attention,
+    sequence_loss,
+    train,
+    translation_loss,
+)
 
 __all__ = [
     "interleaved_median_times",
-    "peak_memory_bytes",
     "bench_multihead",
     "bench_attention_memory",
     "bench_training",
@@ -104,40 +111,6 @@ def interleaved_median_times(
             _synchronize(device)
             samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(s) for name, s in samples.items()}
-
-
-def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
-    """Peak bytes allocated by PyTorch while ``fn()`` runs, above what was allocated before.
-
-    On CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak. On the CPU
-    PyTorch keeps no such counter, so the call runs under ``torch.profiler`` with
-    ``profile_memory=True``: every allocation and free of PyTorch's CPU allocator is
-    an event with a byte count, and the peak of their running sum is the answer. Both
-    count tensors only (the result of ``fn`` included), not the Python process's other memory.
-    """
-    if device.type == "cuda":
-        _synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        fn()
-        _synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    # PyTorch's profiler (its C++ side, Kineto) writes "USDT ... profiler_start/stop" lines
-    # to stderr at every start and stop unless its log level is 6 (errors only). It reads
-    # the level once, at its first use in the process: set it before that, unless the
-    # caller chose a level.
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    # The raw events keep each allocation (+bytes) and free (-bytes) separately;
-    # prof.events() would merge those made inside one operator.
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        live += e.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 def _print_table(
@@ -381,10 +354,10 @@ def bench_training_vs_d2l(
       (:func:`~mhbook.translation_loss`, backward, clipping to ``config.train.clip_norm``,
       :func:`~mhbook.make_optimizer`, the learning-rate schedule);
     - ``flat``: the same model written flat with no checks
-      (:class:`mhbook.bench_flat.FlatTransformer`, mhbook's initial weights), same step;
+      (:class:`benchmarks.bench_flat.FlatTransformer`, mhbook's initial weights), same step;
     - ``torch``: :class:`torch.nn.Transformer` of the same sizes
-      (:class:`mhbook.bench_flat.TorchTransformer`), same step;
-    - ``d2l``: D2L's code and ``train_seq2seq``'s step (:mod:`mhbook.bench_d2l`:
+      (:class:`benchmarks.bench_flat.TorchTransformer`), same step;
+    - ``d2l``: D2L's code and ``train_seq2seq``'s step (:mod:`benchmarks.bench_d2l`:
       ``MaskedSoftmaxCELoss``, ``grad_clipping(net, 1)``, ``torch.optim.Adam``).
 
     One timed call runs ``steps`` steps of one model; see :func:`interleaved_median_times`.
@@ -628,9 +601,9 @@ def attention_lengths(device: torch.device, quick: bool = False) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the benchmarks and print their tables (see ``python -m mhbook.bench --help``)."""
+    """Run the benchmarks and print their tables (see ``python -m benchmarks.bench --help``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m mhbook.bench", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.bench", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes: a smoke test of a few seconds"
@@ -655,14 +628,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.device == "auto":
-        from .utils import get_device
-
         device = get_device()
     else:
         device = torch.device(args.device)
 
     threads = torch.get_num_threads()
-    print(f"mhbook.bench  torch {torch.__version__}  device {device}  threads {threads}")
+    print(f"benchmarks.bench  torch {torch.__version__}  device {device}  threads {threads}")
     if args.quick:
         print("--quick: tiny sizes, a smoke test; the numbers mean nothing")
     print("times are medians over rounds that alternate the sides compared (noise hits all)")
@@ -782,10 +753,10 @@ def main(argv: list[str] | None = None) -> None:
             [
                 f"mhbook/D2L = {r['ratio']:.2f}",
                 "fit's step: translation_loss, clipping, mhbook.make_optimizer, schedule; "
-                "D2L's (mhbook/bench_d2l.py): MaskedSoftmaxCELoss, grad_clipping, Adam",
-                "flat (mhbook/bench_flat.py): mhbook's model and weights as plain functions, "
+                "D2L's (benchmarks/bench_d2l.py): MaskedSoftmaxCELoss, grad_clipping, Adam",
+                "flat (benchmarks/bench_flat.py): mhbook's model and weights as plain functions, "
                 "no input checks (it trains to the same bits): what the book's code could gain",
-                "torch.nn.Transformer (mhbook/bench_flat.py): PyTorch's own; its dropout also "
+                "torch.nn.Transformer (benchmarks/bench_flat.py): PyTorch's own; its dropout also "
                 "on the attention weights and inside the FFN, plus a final norm per stack",
                 f"the same random batches, vocabulary 200; {steps} steps per timed call, "
                 f"median of {rounds} interleaved calls each",

@@ -1,6 +1,6 @@
 """A reference for the benchmark only: Dive into Deep Learning's Transformer, as in ``d2l.torch``.
 
-NOT part of the book's model. :func:`mhbook.bench.bench_training_vs_d2l` times the training
+NOT part of the book's model. :func:`benchmarks.bench.bench_training_vs_d2l` times the training
 step of :class:`mhbook.Transformer` against this code, which is written here as D2L writes
 it (Zhang et al., *Dive into Deep Learning*, chapter "Transformer", PyTorch edition:
 ``d2l.torch`` 0.17, ``train_seq2seq``), so that ``d2l`` need not be installed. It keeps D2L's

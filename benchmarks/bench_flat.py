@@ -1,7 +1,7 @@
 """References for the benchmark only: the book's Transformer written flat, and PyTorch's own.
 
-NOT part of the book's model. Table (e) of ``python -m mhbook.bench`` times the training
-step of :class:`mhbook.Transformer` against D2L's code (:mod:`mhbook.bench_d2l`) and,
+NOT part of the book's model. Table (e) of ``python -m benchmarks.bench`` times the training
+step of :class:`mhbook.Transformer` against D2L's code (:mod:`benchmarks.bench_d2l`) and,
 to show where the time goes, against two more models trained by the same step:
 
 - :class:`FlatTransformer`, the book's model with nothing around it: the same parameters
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
-from .layers import _dropout, sinusoidal_encoding  # the book's own dropout
+from mhbook import ModelConfig, sinusoidal_encoding
+from mhbook.layers import _dropout  # the book's own dropout
 
 __all__ = ["FlatTransformer", "TorchTransformer"]
 
