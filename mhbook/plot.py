@@ -18,13 +18,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogFormatterSciNotation
 
-from .explorers.svg import COLOURMAP, text_colour
+from .colours import COLOURMAP, MASK_COLORS, text_colour
 from .utils import to_numpy
 
 __all__ = ["plot_heatmap", "plot_attention_grid", "plot_mask", "plot_history", "plot_lines"]
-
-#: Colours of :func:`plot_mask`: ``False`` (masked out) and ``True`` (may attend).
-MASK_COLORS = ("#d9d9d9", "#2171b5")
 
 
 def _as_matrix(x, name: str) -> np.ndarray:

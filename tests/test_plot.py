@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from mhbook import plot  # noqa: E402
+from mhbook import colours, plot  # noqa: E402
 from mhbook.explorers import svg  # noqa: E402
 from mhbook.masks import causal_mask  # noqa: E402
 
@@ -209,8 +209,20 @@ def test_log_axes_label_ticks_as_plain_numbers():
 
 
 def test_text_colour_threshold_is_shared_by_plots():
-    assert svg.text_colour(svg.DARK_ABOVE) == "black"
-    assert svg.text_colour(svg.DARK_ABOVE + 1e-9) == "white"
-    values = np.array([[0.0, svg.DARK_ABOVE - 0.01, svg.DARK_ABOVE + 0.01, 1.0]])
+    assert colours.text_colour(colours.DARK_ABOVE) == "black"
+    assert colours.text_colour(colours.DARK_ABOVE + 1e-9) == "white"
+    values = np.array([[0.0, colours.DARK_ABOVE - 0.01, colours.DARK_ABOVE + 0.01, 1.0]])
     ax = plot.plot_heatmap(values, annotate=True, vmin=0.0, vmax=1.0, colorbar=False)
     assert [t.get_color() for t in ax.texts] == ["black", "black", "white", "white"]
+
+
+def test_plots_and_explorers_share_one_set_of_colours():
+    """mhbook.colours holds them; the explorers re-export them, the plots use them."""
+    assert (svg.COLOURMAP, svg.DARK_ABOVE, svg.text_colour) == (
+        colours.COLOURMAP,
+        colours.DARK_ABOVE,
+        colours.text_colour,
+    )
+    assert plot.MASK_COLORS is colours.MASK_COLORS
+    ax = plot.plot_heatmap(np.eye(2), colorbar=False)
+    assert ax.images[0].get_cmap().name == colours.COLOURMAP

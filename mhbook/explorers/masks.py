@@ -22,6 +22,7 @@ import math
 import numpy as np
 import torch
 
+from ..colours import MASK_COLORS
 from ..utils import to_numpy
 from .svg import colour_scale, embed, heatmap_svg
 from .twin import widget_modules
@@ -148,8 +149,6 @@ def mask_explorer_html(
         An ``IPython.display.HTML`` object.
     """
     from IPython.display import HTML
-
-    from ..plot import MASK_COLORS
 
     s = _check_scores(scores)
     max_q, max_k = s.shape

@@ -4,7 +4,8 @@ that inlines the explorer's JavaScript, CSS and data into one ``<div>``.
 The page needs no kernel and no download: everything is in the returned string. The
 JavaScript lives in ``static/*.js`` next to this file; the numbers it needs (the data, the
 colour table, the text-colour threshold, titles) are computed here in Python, once, and
-handed to it as JSON.
+handed to it as JSON. The colour map and the text-colour threshold are those of
+:mod:`mhbook.colours`, shared with the plots (and re-exported here).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from importlib import resources
 
 import numpy as np
 
+from ..colours import COLOURMAP, DARK_ABOVE, text_colour
+
 __all__ = [
     "COLOURMAP",
     "DARK_ABOVE",
@@ -30,21 +33,8 @@ __all__ = [
     "embed",
 ]
 
-#: The colour map of attention weights, in the explorers and in :func:`mhbook.plot_heatmap`.
-COLOURMAP = "Reds"
-
-#: A value written in a heatmap cell is white where the cell's colour is more than this
-#: fraction of the way up the scale (a dark cell), black elsewhere.
-DARK_ABOVE = 0.6
-
 _CELL = 52  # pixels per heatmap cell
 _CHAR = 7.5  # width of a label character, in pixels
-
-
-def text_colour(fraction: float) -> str:
-    """``"white"`` on a cell ``fraction`` (0 to 1) up the colour scale past
-    :data:`DARK_ABOVE`, else ``"black"``."""
-    return "white" if fraction > DARK_ABOVE else "black"
 
 
 @cache
@@ -52,7 +42,7 @@ def colour_table(cmap: str | tuple[str, ...] = COLOURMAP, n: int = 101) -> tuple
     """``n`` hex colours evenly spaced along matplotlib's ``cmap``, from 0 to 1.
 
     ``cmap`` is a matplotlib colour map's name, or a tuple of colours (a listed colour map,
-    e.g. the two colours of a bool mask, ``mhbook.plot.MASK_COLORS``)."""
+    e.g. the two colours of a bool mask, ``mhbook.colours.MASK_COLORS``)."""
     import matplotlib  # here, not above: `import mhbook` stays free of matplotlib
     from matplotlib.colors import ListedColormap, to_hex
 
