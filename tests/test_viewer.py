@@ -1,5 +1,6 @@
-"""Tests of mhbook.explorers.viewer, the attention viewer of chapters 6 and 7: what it records,
-the packed payload the JavaScript reads, the HTML, and the ipywidgets twin.
+"""Tests of the attention viewer of chapters 6 and 7: what mhbook.analysis records (the
+model's side), and what mhbook.explorers.viewer makes of it: the packed payload the JavaScript
+reads, the HTML, and the ipywidgets twin.
 
 A small untrained model stands in for the book's: the viewer must record what the model does,
 whatever it does (an untrained model's translations even change when any head is removed).
@@ -17,6 +18,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import mhbook  # noqa: E402
+from mhbook import analysis  # noqa: E402
 from mhbook.data import NumberTranslation, detokenize, tokenize  # noqa: E402
 from mhbook.explorers import svg, viewer  # noqa: E402
 from mhbook.train import valid_loss  # noqa: E402
@@ -37,7 +39,7 @@ def model_and_data():
 @pytest.fixture(scope="module")
 def view(model_and_data):
     model, data = model_and_data
-    return viewer.viewer_data(model, data, batch_size=10, max_len=8)
+    return analysis.viewer_data(model, data, batch_size=10, max_len=8)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def test_records_every_number_layer_head_and_kind(view, model_and_data):
     model, data = model_and_data
     assert len(view) == NUM_TEST and view.numbers == data.numbers["test"]
     assert (view.num_layers, view.num_heads) == (2, 2)
-    names = {viewer.layer_name(k, layer) for k in range(3) for layer in range(2)}
+    names = {analysis.layer_name(k, layer) for k in range(3) for layer in range(2)}
     assert names == {
         "encoder.blocks.0.self_attn",
         "encoder.blocks.1.self_attn",
@@ -132,9 +134,19 @@ def test_refuses_a_model_with_heads_removed(model_and_data):
     _set_head(model, "encoder.blocks.0.self_attn", 0)
     try:
         with pytest.raises(ValueError, match="every head on"):
-            viewer.viewer_data(model, data)
+            analysis.viewer_data(model, data)
     finally:
         model.get_submodule("encoder.blocks.0.self_attn").head_mask = None
+
+
+def test_the_viewer_only_draws_what_analysis_records():
+    """The recording is model work (mhbook.analysis); the viewer and mhbook.explorers keep its
+    names, as chapters 6 and 7 import them from there."""
+    from mhbook import explorers
+
+    for name in ("KINDS", "layer_name", "ViewerData", "viewer_data"):
+        assert getattr(viewer, name) is getattr(analysis, name), name
+    assert explorers.viewer_data is analysis.viewer_data
 
 
 def test_payload_decodes_to_the_recorded_weights(view, payload):

@@ -8,7 +8,8 @@ ipywidgets twins (need a kernel).
 * :mod:`mhbook.explorers.masks`: chapter 3's mask builder (padding, causal alignment).
 * :mod:`mhbook.explorers.positional`: chapter 5's explorer of the sinusoidal encoding.
 * :mod:`mhbook.explorers.viewer`: chapters 6 and 7's viewer of the trained model's attention
-  on every test number, every layer, head and kind, with single-head ablations.
+  on every test number, every layer, head and kind, with single-head ablations (recorded by
+  :mod:`mhbook.analysis`; the viewer only draws them).
 * :mod:`mhbook.explorers.twin`: what the ipywidgets twins share (ipywidgets loads lazily).
 * :mod:`mhbook.explorers.svg`: what every explorer shares: the SVG heatmap, bar and line
   charts (redrawn by ``static/heatmap.js`` and ``static/charts.js``), the colour scale,

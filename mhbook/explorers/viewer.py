@@ -1,19 +1,9 @@
 """The attention viewer of chapters 6 and 7: the trained model's attention on every test number.
 
-``viewer_data`` runs the book's model over a whole split (the 1,000 test numbers) once
-and keeps, for every number:
-
-* the English tokens and the model's own greedy translation (its French tokens);
-* the attention weights of every layer, every head and the three kinds of attention
-  (encoder self-attention, decoder self-attention, cross-attention), recorded with
-  :func:`mhbook.record_attention` in one teacher-forced pass on the model's *own* output
-  tokens: the decoder reads ``<bos>`` and the tokens it generated, so the weights are those
-  it used while translating (not those of the reference translation);
-* for every single head removed (its ``head_mask`` entry set to 0, as in chapter 7), the
-  greedy translation without that head,
-
-and, per head, the teacher-forced loss of the split (on the reference translations) with
-that head removed. Two views show it:
+:func:`mhbook.analysis.viewer_data` (re-exported here) records what a trained model does on
+every number of a split: its greedy translations, the attention weights of every layer, head
+and kind it used to write them, and the effect of removing each head; the result is a
+:class:`~mhbook.analysis.ViewerData`. This module only shows one. Two views:
 
 * ``attention_viewer_html``: self-contained HTML and JavaScript (``static/viewer.js``),
   no kernel and no download, for the static book. The weights travel quantised to ``uint8``
@@ -31,15 +21,10 @@ import html
 import itertools
 import json
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
-import torch
 
-from ..data import detokenize, tokenize
-from ..transformer import record_attention
+from ..analysis import KINDS, ViewerData, layer_name, viewer_data
 from .svg import _static, colour_scale, colour_table, embed
 from .twin import widget_modules
 
@@ -54,38 +39,7 @@ __all__ = [
     "attention_viewer",
 ]
 
-
-class Kind(NamedTuple):
-    """One kind of attention: its name, where its layers are, and what its axes hold."""
-
-    name: str  # e.g. "cross-attention"
-    stack: str  # "encoder" or "decoder"
-    attr: str  # the attribute of a block: "self_attn" or "cross_attn"
-    queries: str  # what the rows (queries) are
-    keys: str  # what the columns (keys) are
-
-
-#: The three kinds of attention of the encoder-decoder Transformer, in the viewer's order.
-KINDS = (
-    Kind("encoder self-attention", "encoder", "self_attn", "English (queries)", "English (keys)"),
-    Kind(
-        "decoder self-attention",
-        "decoder",
-        "self_attn",
-        "French read (queries)",
-        "French read (keys)",
-    ),
-    Kind("cross-attention", "decoder", "cross_attn", "French predicted", "English (keys)"),
-)
-
 _viewer_ids = itertools.count(1)  # deterministic ids: a fresh kernel prints the same HTML
-
-
-def layer_name(kind: int, layer: int) -> str:
-    """The module name of layer ``layer`` (0-based) of ``KINDS[kind]``, e.g.
-    ``"decoder.blocks.1.cross_attn"``, as :func:`mhbook.record_attention` names it."""
-    k = KINDS[kind]
-    return f"{k.stack}.blocks.{layer}.{k.attr}"
 
 
 def quantise(weights) -> np.ndarray:
@@ -93,202 +47,6 @@ def quantise(weights) -> np.ndarray:
     ``1/510`` of ``w``."""
     w = np.asarray(weights, dtype=np.float64)
     return np.rint(np.clip(w, 0.0, 1.0) * 255).astype(np.uint8)
-
-
-@dataclass
-class ViewerData:
-    """What ``viewer_data`` recorded for every number of a split.
-
-    Per number ``n`` (lists in the split's order): ``english[n]``, ``reference[n]`` and the
-    model's greedy ``translation[n]`` (strings); ``src_tokens[n]``, the ``S`` English tokens
-    with ``<eos>``; ``out_tokens[n]``, the ``T`` French tokens the model generated, ending
-    with ``<eos>`` (what the decoder *predicts*; it *reads* ``tgt_in_tokens``);
-    ``weights[n]``, ``{layer name: (num_heads, Lq, Lk) float32}`` for the six attention
-    layers, with ``(Lq, Lk)`` = ``(S, S)``, ``(T, T)`` or ``(T, S)`` by kind.
-
-    Per head ``(layer name, i)`` (``i`` from 0): ``head_loss``, the teacher-forced loss of
-    the split (reference translations) without that head, and ``head_translation``, the
-    greedy translations of every number without it. ``loss`` is the loss with all heads.
-    """
-
-    split: str
-    numbers: list[int]
-    english: list[str]
-    reference: list[str]
-    translation: list[str]
-    src_tokens: list[list[str]]
-    out_tokens: list[list[str]]
-    weights: list[dict[str, np.ndarray]]
-    num_layers: int
-    num_heads: int
-    loss: float
-    head_loss: dict[tuple[str, int], float]
-    head_translation: dict[tuple[str, int], list[str]]
-
-    def __len__(self) -> int:
-        return len(self.numbers)
-
-    @property
-    def heads(self) -> list[tuple[str, int]]:
-        """Every head as ``(layer name, i)``, kind by kind, layer by layer (the viewer's order)."""
-        return [
-            (layer_name(k, layer), i)
-            for k in range(len(KINDS))
-            for layer in range(self.num_layers)
-            for i in range(self.num_heads)
-        ]
-
-    def tgt_in_tokens(self, n: int) -> list[str]:
-        """The ``T`` French tokens the decoder reads for number ``n``: ``<bos>`` and its output."""
-        return ["<bos>"] + self.out_tokens[n][:-1]
-
-    @property
-    def exact(self) -> float:
-        """The fraction of the split the model translates exactly right."""
-        return _exact(self.translation, self.reference)
-
-    def head_exact(self, head: tuple[str, int]) -> float:
-        """The fraction translated exactly right without ``head``."""
-        return _exact(self.head_translation[head], self.reference)
-
-
-def _exact(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    return sum(h == r for h, r in zip(hypotheses, references)) / max(1, len(references))
-
-
-# ------------------------------------------------------------------------------ recording
-
-
-def _attention_layers(model) -> dict[str, torch.nn.Module]:
-    layers = {}
-    for k in range(len(KINDS)):
-        for layer in range(len(model.encoder.blocks)):
-            name = layer_name(k, layer)
-            layers[name] = model.get_submodule(name)
-    return layers
-
-
-def _greedy_ids(model, data, english, device, max_len, batch_size) -> list[list[int]]:
-    """The generated French ids of each sentence, up to and with its first ``<eos>``."""
-    eos = data.tgt_vocab.eos_id
-    out = []
-    for start in range(0, len(english), batch_size):
-        src, lens = data.encode_source(english[start : start + batch_size], device)
-        ids = model.greedy_decode(src, lens, data.tgt_vocab.bos_id, eos, max_len).tolist()
-        out += [row[: row.index(eos) + 1] if eos in row else row for row in ids]
-    return out
-
-
-def _teacher_forced_weights(model, data, english, out_ids, device, batch_size):
-    """``[{layer name: (h, Lq, Lk) float32}]``, one dict per sentence, on the given outputs."""
-    bos, pad = data.tgt_vocab.bos_id, data.tgt_vocab.pad_id
-    result = []
-    for start in range(0, len(english), batch_size):
-        chunk = english[start : start + batch_size]
-        outs = out_ids[start : start + batch_size]
-        src, src_lens = data.encode_source(chunk, device)
-        T = max(len(o) for o in outs)
-        tgt_in = torch.full((len(outs), T), pad, dtype=torch.long)
-        for b, o in enumerate(outs):
-            tgt_in[b, : len(o)] = torch.tensor([bos] + o[:-1], dtype=torch.long)
-        with torch.no_grad(), record_attention(model) as recorded:
-            model(src, tgt_in.to(device), src_lens)
-        weights = {name: w.float().cpu().numpy() for name, w in recorded().items()}
-        for b, o in enumerate(outs):
-            S, T_b = int(src_lens[b]), len(o)
-            sizes = {"encoder": (S, S), "self_attn": (T_b, T_b), "cross_attn": (T_b, S)}
-            one = {}
-            for name, w in weights.items():
-                attr = name.rsplit(".", 1)[1]
-                lq, lk = sizes["encoder"] if name.startswith("encoder") else sizes[attr]
-                one[name] = np.ascontiguousarray(w[b, :, :lq, :lk])
-            result.append(one)
-    return result
-
-
-def viewer_data(
-    model,
-    data,
-    split: str = "test",
-    batch_size: int = 500,
-    max_len: int | None = None,
-    num_threads: int | None = 1,
-) -> ViewerData:
-    """Record what the viewer shows, for every number of ``split`` (see ``ViewerData``).
-
-    The weights come from one teacher-forced pass over the model's own greedy output. Each
-    head is then removed in turn with ``head_mask``, as chapter 7 does: one teacher-forced
-    pass for its loss (:func:`mhbook.train.valid_loss`) and one batched greedy decoding of
-    the split. For the book's model and the 1,000 test numbers that is 25 passes and 25
-    decodings, about 20 s on one CPU thread.
-
-    Args:
-        model: a trained :class:`mhbook.Transformer` (the book's model).
-        data: its :class:`mhbook.data.NumberTranslation`.
-        split: ``"test"`` (default), ``"valid"`` or ``"train"``.
-        batch_size: sentences per batch.
-        max_len: at most this many French tokens; default: the longest target plus 5.
-        num_threads: on a CPU, run PyTorch on this many threads meanwhile (``None``: as it
-            is). One thread, the default, as :func:`mhbook.train.fit` trains: small batches
-            gain little from more, and threads that wait for a busy core lose a lot.
-    """
-    from ..train import cpu_threads, valid_loss  # here: explorers do not import training
-
-    device = next(model.parameters()).device
-    if max_len is None:
-        max_len = data.max_target_len() + 5
-    was_training = model.training
-    model.eval()
-    layers = _attention_layers(model)
-    saved_masks = {name: layer.head_mask for name, layer in layers.items()}
-    if any(m is not None for m in saved_masks.values()):
-        raise ValueError("viewer_data needs a model with every head on (head_mask None)")
-    num_layers = len(model.encoder.blocks)
-    num_heads = next(iter(layers.values())).num_heads
-    pairs = data.pairs(split)
-    english = [en for en, _ in pairs]
-    tgt_tokens = data.tgt_vocab.id_to_token
-    with cpu_threads(num_threads if device.type == "cpu" else None):
-        try:
-            out_ids = _greedy_ids(model, data, english, device, max_len, batch_size)
-            weights = _teacher_forced_weights(model, data, english, out_ids, device, batch_size)
-
-            specials = {data.tgt_vocab.pad_id, data.tgt_vocab.bos_id, data.tgt_vocab.eos_id}
-
-            def words(ids: list[int]) -> str:  # as data.translate writes them
-                return detokenize(tgt_tokens[i] for i in ids if i not in specials)
-
-            view = ViewerData(
-                split=split,
-                numbers=list(data.numbers[split]),
-                english=english,
-                reference=[fr for _, fr in pairs],
-                translation=[words(o) for o in out_ids],
-                src_tokens=[
-                    data.src_vocab.decode(data.src_vocab.encode(tokenize(en))) + ["<eos>"]
-                    for en in english
-                ],
-                out_tokens=[[tgt_tokens[i] for i in o] for o in out_ids],
-                weights=weights,
-                num_layers=num_layers,
-                num_heads=num_heads,
-                loss=valid_loss(model, data, split, batch_size),
-                head_loss={},
-                head_translation={},
-            )
-            for name, i in view.heads:  # remove one head at a time, as chapter 7 does
-                mask = torch.ones(num_heads, device=device)
-                mask[i] = 0.0
-                layers[name].head_mask = mask
-                view.head_loss[name, i] = valid_loss(model, data, split, batch_size)
-                ablated = _greedy_ids(model, data, english, device, max_len, batch_size)
-                view.head_translation[name, i] = [words(o) for o in ablated]
-                layers[name].head_mask = None
-        finally:
-            for name, layer in layers.items():
-                layer.head_mask = saved_masks[name]
-            model.train(was_training)
-    return view
 
 
 # ------------------------------------------------------------------------------ the payload
