@@ -20,13 +20,13 @@ chapters 6 and 7 (:mod:`mhbook.explorers.viewer`) shows; this module only measur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from .bleu import exact_match
 from .data import detokenize, tokenize
 from .train import cpu_threads, valid_loss
 from .transformer import record_attention
@@ -115,15 +115,11 @@ class ViewerData:
     @property
     def exact(self) -> float:
         """The fraction of the split the model translates exactly right."""
-        return _exact(self.translation, self.reference)
+        return exact_match(self.translation, self.reference)
 
     def head_exact(self, head: tuple[str, int]) -> float:
         """The fraction translated exactly right without ``head``."""
-        return _exact(self.head_translation[head], self.reference)
-
-
-def _exact(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    return sum(h == r for h, r in zip(hypotheses, references)) / max(1, len(references))
+        return exact_match(self.head_translation[head], self.reference)
 
 
 # ------------------------------------------------------------------------------ recording

@@ -16,6 +16,9 @@ paper (no smoothing: one order without any match gives 0). :func:`sentence_bleu`
 smooths like ``sacrebleu.sentence_bleu``'s default (``"exp"``, the NIST
 smoothing): the k-th order without matches gets precision ``1 / (2^k * total)``,
 and orders the hypothesis is too short to have are left out of the mean.
+
+:func:`translation_scores` is the book's score of whole sentences: the exact match (the
+fraction right, :func:`exact_match`) and the corpus BLEU of their tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +27,17 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-__all__ = ["ngram_counts", "brevity_penalty", "bleu_details", "corpus_bleu", "sentence_bleu"]
+from .data import tokenize
+
+__all__ = [
+    "ngram_counts",
+    "brevity_penalty",
+    "bleu_details",
+    "corpus_bleu",
+    "sentence_bleu",
+    "exact_match",
+    "translation_scores",
+]
 
 MAX_ORDER = 4
 
@@ -135,6 +148,28 @@ def sentence_bleu(
     return bleu_details([hypothesis], [reference], max_order, smooth="exp", effective_order=True)[
         "score"
     ]
+
+
+def exact_match(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """The fraction of ``hypotheses`` (strings) equal to their reference, 0 to 1 (0 for
+    none): how the book scores a translation, a completion or a head's removal."""
+    if len(hypotheses) != len(references):
+        raise ValueError(
+            f"need one reference per hypothesis: got {len(hypotheses)} hypotheses and "
+            f"{len(references)} references"
+        )
+    return sum(h == r for h, r in zip(hypotheses, references)) / max(1, len(references))
+
+
+def translation_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+    """``{"exact_match": ..., "bleu": ...}`` of sentences (strings) against their references:
+    :func:`exact_match` (0 to 1) and :func:`corpus_bleu` (0 to 100) on the tokens of
+    :func:`mhbook.data.tokenize`. What :func:`mhbook.evaluate` and :func:`mhbook.evaluate_lm`
+    report."""
+    return {
+        "exact_match": exact_match(hypotheses, references),
+        "bleu": corpus_bleu([tokenize(h) for h in hypotheses], [tokenize(r) for r in references]),
+    }
 
 
 def _check_corpus(hypotheses, references) -> None:

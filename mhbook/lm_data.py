@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bleu import corpus_bleu
+from .bleu import translation_scores
 from .data import NumberTranslation, Vocab, detokenize, english_words, tokenize
 
 __all__ = ["SEPARATOR", "LMBatch", "PromptCompletion", "completion_loss", "evaluate_lm"]
@@ -237,18 +237,16 @@ def evaluate_lm(
 
     Returns:
         A dict with ``exact_match`` (the fraction of completions exactly right, 0 to 1),
-        ``bleu`` (corpus BLEU, 0 to 100), and the lists ``sources``, ``hypotheses`` and
-        ``references`` (strings in the split's order), as :func:`mhbook.evaluate`.
+        ``bleu`` (corpus BLEU, 0 to 100), both from :func:`mhbook.bleu.translation_scores`,
+        and the lists ``sources``, ``hypotheses`` and ``references`` (strings in the
+        split's order), as :func:`mhbook.evaluate`.
     """
     pairs = data.pairs(_check_split(split))
     sources = [en for en, _ in pairs]
     references = [fr for _, fr in pairs]
     hypotheses = data.complete(model, sources, max_new_tokens=max_new_tokens, device=device)
-    exact = sum(h == r for h, r in zip(hypotheses, references)) / max(1, len(references))
-    bleu = corpus_bleu([tokenize(h) for h in hypotheses], [tokenize(r) for r in references])
     return {
-        "exact_match": exact,
-        "bleu": bleu,
+        **translation_scores(hypotheses, references),
         "sources": sources,
         "hypotheses": hypotheses,
         "references": references,

@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bleu import corpus_bleu
+from .bleu import translation_scores
 from .config import BOOK_CONFIG, FAST_CONFIG, Config, TrainConfig
-from .data import NumberTranslation, tokenize
+from .data import NumberTranslation
 from .transformer import Transformer
 from .utils import get_device, save_checkpoint, set_seed
 
@@ -452,8 +452,9 @@ def evaluate(
     Returns:
         A dict with ``exact_match`` (the fraction of sentences translated exactly
         right, 0 to 1), ``bleu`` (corpus BLEU, 0 to 100, on the tokens of
-        :func:`~mhbook.data.tokenize`), and the lists ``sources``, ``hypotheses``
-        and ``references`` (strings, in the split's order).
+        :func:`~mhbook.data.tokenize`), both from :func:`mhbook.bleu.translation_scores`,
+        and the lists ``sources``, ``hypotheses`` and ``references`` (strings, in the
+        split's order).
     """
     pairs = data.pairs(split)
     sources = [en for en, _ in pairs]
@@ -462,11 +463,8 @@ def evaluate(
     for start in range(0, len(sources), batch_size):
         chunk = sources[start : start + batch_size]
         hypotheses += data.translate(model, chunk, device=device, max_len=max_len)
-    exact = sum(h == r for h, r in zip(hypotheses, references)) / max(1, len(references))
-    bleu = corpus_bleu([tokenize(h) for h in hypotheses], [tokenize(r) for r in references])
     return {
-        "exact_match": exact,
-        "bleu": bleu,
+        **translation_scores(hypotheses, references),
         "sources": sources,
         "hypotheses": hypotheses,
         "references": references,

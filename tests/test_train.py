@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import mhbook.train as train_module
+from mhbook.bleu import corpus_bleu, exact_match, translation_scores
 from mhbook.config import TrainConfig
-from mhbook.data import NumberTranslation, english_words, french_words
+from mhbook.data import NumberTranslation, english_words, french_words, tokenize
 from mhbook.train import (
     BOOK_CONFIG,
     FAST_CONFIG,
@@ -96,8 +97,23 @@ def test_short_training_translates_held_out_numbers(trained):
     assert result["references"] == [fr for _, fr in data.pairs("test")]
     exact = sum(h == r for h, r in zip(result["hypotheses"], result["references"]))
     assert result["exact_match"] == exact / len(result["references"])
+    hyps, refs = ([tokenize(s) for s in result[k]] for k in ("hypotheses", "references"))
+    assert result["bleu"] == corpus_bleu(hyps, refs)
     assert history["valid_step"] == [100, 200, 300]
     assert history["valid_loss"][-1] < 0.1 < history["valid_loss"][0] < math.log(20)
+
+
+def test_translation_scores_are_exact_match_and_corpus_bleu():
+    """One score of sentences for evaluate, evaluate_lm and the attention viewer."""
+    hyps = ["deux cents", "deux cent un", "trois"]
+    refs = ["deux cents", "deux cent deux", "trois"]
+    assert exact_match(hyps, refs) == 2 / 3
+    assert exact_match([], []) == 0.0
+    scores = translation_scores(hyps, refs)
+    assert list(scores) == ["exact_match", "bleu"] and scores["exact_match"] == 2 / 3
+    assert scores["bleu"] == corpus_bleu([tokenize(h) for h in hyps], [tokenize(r) for r in refs])
+    with pytest.raises(ValueError, match="one reference per hypothesis"):
+        exact_match(hyps, refs[:2])
 
 
 def test_translate_after_training(trained):
