@@ -294,17 +294,9 @@ class NumberTranslation:
         Yields:
             :class:`Batch` with ``src`` ``(batch, S)``, ``tgt_in`` and ``tgt_out`` ``(batch, T)``.
         """
-        split = _check_split(split)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if shuffle is None:
-            shuffle = split == "train"
+        split, shuffle = _check_batches(split, batch_size, shuffle)
         src, src_lens, tgt_in, tgt_out, tgt_lens = self._split_tensors(split)
-        n = src.size(0)
-        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        stop = n - n % batch_size if drop_last else n
-        for start in range(0, stop, batch_size):
-            idx = order[start : start + batch_size]
+        for idx in _batch_indices(src.size(0), batch_size, shuffle, generator, drop_last):
             s_len, t_len = src_lens[idx], tgt_lens[idx]
             S, T = int(s_len.max()), int(t_len.max())
             batch = Batch(src[idx, :S], s_len, tgt_in[idx, :T], tgt_out[idx, :T], t_len)
@@ -385,10 +377,32 @@ def _check_number(n) -> None:
         raise ValueError(f"expected a non-negative int, got {n}")
 
 
+# The splits and the batches of a task; mhbook.lm_data's PromptCompletion, the same task as one
+# sequence, shares them.
 def _check_split(split: str) -> str:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return split
+
+
+def _check_batches(split: str, batch_size: int, shuffle: bool | None) -> tuple[str, bool]:
+    """The checked ``split`` and ``shuffle`` of ``batches``: by default only ``"train"``
+    is shuffled."""
+    split = _check_split(split)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    return split, (split == "train") if shuffle is None else shuffle
+
+
+def _batch_indices(
+    n: int, batch_size: int, shuffle: bool, generator: torch.Generator | None, drop_last: bool
+) -> Iterator[torch.Tensor]:
+    """The indices of each mini-batch of one pass over ``n`` examples, in order or shuffled
+    by ``generator``; without a last, smaller batch when ``drop_last``."""
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    stop = n - n % batch_size if drop_last else n
+    for start in range(0, stop, batch_size):
+        yield order[start : start + batch_size]
 
 
 def _pad(sequences: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,14 +26,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from .bleu import translation_scores
-from .data import NumberTranslation, Vocab, detokenize, english_words, tokenize
+from .data import (
+    SPLITS,
+    NumberTranslation,
+    Vocab,
+    _batch_indices,
+    _check_batches,
+    detokenize,
+    english_words,
+    tokenize,
+)
 
 __all__ = ["SEPARATOR", "LMBatch", "PromptCompletion", "completion_loss", "evaluate_lm"]
 
 #: The token between the prompt and the completion.
 SEPARATOR = "="
-
-SPLITS = ("train", "valid", "test")
 
 
 class LMBatch(NamedTuple):
@@ -116,7 +123,7 @@ class PromptCompletion:
     # -- batches (the batch protocol of mhbook.fit) ---------------------------------------
     def _split_tensors(self, split: str) -> tuple[torch.Tensor, ...]:
         if split not in self._tensors:
-            pairs = self.pairs(_check_split(split))
+            pairs = self.pairs(split)
             prompts = [self.encode_prompt(en) for en, _ in pairs]
             sequences = [p + self.encode_completion(fr) for p, (_, fr) in zip(prompts, pairs)]
             lens = torch.tensor([len(s) for s in sequences], dtype=torch.long)
@@ -143,17 +150,9 @@ class PromptCompletion:
         Yields:
             :class:`LMBatch`.
         """
-        split = _check_split(split)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if shuffle is None:
-            shuffle = split == "train"
+        split, shuffle = _check_batches(split, batch_size, shuffle)
         tokens, prompt_lens, lens = self._split_tensors(split)
-        n = tokens.size(0)
-        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        stop = n - n % batch_size if drop_last else n
-        for start in range(0, stop, batch_size):
-            idx = order[start : start + batch_size]
+        for idx in _batch_indices(tokens.size(0), batch_size, shuffle, generator, drop_last):
             batch = LMBatch(tokens[idx, : int(lens[idx].max())], prompt_lens[idx], lens[idx])
             yield batch if device is None else batch.to(device)
 
@@ -241,7 +240,7 @@ def evaluate_lm(
         and the lists ``sources``, ``hypotheses`` and ``references`` (strings in the
         split's order), as :func:`mhbook.evaluate`.
     """
-    pairs = data.pairs(_check_split(split))
+    pairs = data.pairs(split)  # NumberTranslation.pairs checks the split
     sources = [en for en, _ in pairs]
     references = [fr for _, fr in pairs]
     hypotheses = data.complete(model, sources, max_new_tokens=max_new_tokens, device=device)
@@ -251,9 +250,3 @@ def evaluate_lm(
         "hypotheses": hypotheses,
         "references": references,
     }
-
-
-def _check_split(split: str) -> str:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return split

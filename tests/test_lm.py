@@ -280,6 +280,37 @@ def test_sequences_are_prompt_separator_completion(task):
     assert task.decode_completion(task.encode_completion(fr)) == fr
 
 
+def test_splits_and_batches_are_those_of_number_translation(task):
+    """The same split, checks, errors and batch order (shuffled too) as mhbook.data's."""
+    from mhbook import data, lm_data
+
+    translation = task.translation
+    assert lm_data.SPLITS is data.SPLITS
+    for args, message in [
+        (("bogus", 4), "split must be one of ('train', 'valid', 'test'), got 'bogus'"),
+        (("train", 0), "batch_size must be a positive int, got 0"),
+    ]:
+        for source in (task, translation):
+            with pytest.raises(ValueError) as error:
+                next(source.batches(*args))
+            assert str(error.value) == message
+    with pytest.raises(ValueError, match="split must be one of"):
+        mhbook.evaluate_lm(nn.Linear(1, 1), task, "bogus")
+    for split, shuffle in [("train", None), ("test", True), ("valid", None)]:
+        lm_batches, tr_batches = (
+            list(source.batches(split, 7, shuffle, generator=torch.Generator().manual_seed(3)))
+            for source in (task, translation)
+        )
+        assert len(lm_batches) == len(tr_batches)
+        for lm_batch, tr_batch in zip(lm_batches, tr_batches):
+            # the prompt without "=", the source without <eos>: the same English numbers
+            lm_rows = zip(lm_batch.tokens, lm_batch.prompt_lens)
+            tr_rows = zip(tr_batch.src, tr_batch.src_valid_lens)
+            prompts = [task.vocab.decode(row[: p - 1]) for row, p in lm_rows]
+            sources = [translation.src_vocab.decode(row[: n - 1]) for row, n in tr_rows]
+            assert prompts == sources
+
+
 def test_completion_loss_counts_the_completion_only(task):
     """The loss's gradient reaches the logits of the completion's predictions only."""
     batch = next(task.batches("train", 4, shuffle=False))
