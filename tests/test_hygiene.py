@@ -1,5 +1,6 @@
-"""Project hygiene: safe checkpoint loading, docstrings on the public API, and the
-benchmark script's smoke run."""
+"""Project hygiene: safe checkpoint loading, docstrings on the public API, the
+benchmark script's smoke run, and the layers of the package (``LAYERS``: no module imports
+from a higher layer, and the imports make no cycle)."""
 
 from __future__ import annotations
 
@@ -158,3 +159,209 @@ def test_longest_first_names_files_that_exist():
 
     missing = [name for name in LONGEST_FIRST if not (ROOT / name).is_file()]
     assert not missing, f"LONGEST_FIRST in tests/conftest.py names missing files: {missing}"
+
+
+# -- the layers of the package ----------------------------------------------------------------
+#: The modules of mhbook (dotted names below ``mhbook``; a package by its own name), layer by
+#: layer from the bottom up. A module may import modules of its own layer and of the layers
+#: below it, never of a layer above; and the imports make no cycle. ``mhbook/__init__.py``,
+#: which re-exports everything, is the top and is not listed. A new module goes into the
+#: lowest layer that holds everything it imports.
+LAYERS = [
+    # foundations: argument checks, utilities, configurations, masks, the book's colours,
+    # measuring tools
+    ["checks", "utils", "config", "masks", "colours", "measure"],
+    # attention itself, positions inside attention, the KV cache
+    ["attention", "rope", "alibi", "cache"],
+    # attention layers
+    ["multihead", "mla"],
+    # the other layers of a Transformer, and its blocks
+    ["layers", "blocks"],
+    # models, their generation and their Hugging Face twins
+    ["transformer", "lm", "parallel", "generate", "hf"],
+    # data, scores, training, launching, and what a trained model does (the viewer's data)
+    ["data", "bleu", "lm_data", "train", "launch", "analysis"],
+    # pictures
+    ["plot", "diagrams"],
+    # the explorers: what they share, the explorers, the package that gathers them
+    ["explorers.svg", "explorers.twin"],
+    [
+        "explorers.attention",
+        "explorers.softmax",
+        "explorers.masks",
+        "explorers.positional",
+        "explorers.viewer",
+    ],
+    ["explorers"],
+]
+
+PACKAGE = ROOT / "mhbook"
+TOP = "mhbook"  # the package itself: ``import mhbook``, ``from mhbook import X``
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of mhbook by its dotted name below ``mhbook`` (``"explorers.svg"``, a
+    package by its own name, ``"explorers"``), without ``mhbook/__init__.py``."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _mhbook_imports(source: str, module: str, is_package: bool, modules) -> dict[str, int]:
+    """``{imported module: first line}`` for every import of mhbook code in ``source`` (the
+    module ``module``): relative or absolute, at the top or lazily inside a function.
+    ``from .pkg import name`` is ``pkg.name`` where that is a module, else ``pkg``; ``TOP``
+    (``"mhbook"``) is the package itself."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: dict[str, int] = {}
+
+    def add(parts: list[str], line: int) -> None:
+        found.setdefault(".".join(parts) or TOP, line)
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "mhbook":
+                    add(parts[1:], node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                parts = (node.module or "").split(".")
+                if parts[0] != "mhbook":
+                    continue
+                base = parts[1:]
+            else:
+                if node.level - 1 > len(package):
+                    raise ValueError(f"{module}: line {node.lineno} imports from above mhbook")
+                base = package[: len(package) - (node.level - 1)]
+                base += node.module.split(".") if node.module else []
+            for alias in node.names:
+                sub = base + [alias.name]
+                add(sub if ".".join(sub) in modules else base, node.lineno)
+    found.pop(module, None)
+    return found
+
+
+def _import_graph() -> dict[str, dict[str, int]]:
+    """``{module: {imported module: line}}`` for every module of mhbook."""
+    modules = _modules()
+    return {
+        name: _mhbook_imports(
+            path.read_text(encoding="utf-8"), name, path.name == "__init__.py", modules
+        )
+        for name, path in modules.items()
+    }
+
+
+def _layer_of() -> dict[str, int]:
+    return {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def _label(module: str) -> str:
+    path = _modules().get(module)
+    return str(path.relative_to(ROOT)) if path else f"mhbook.{module}"
+
+
+def test_every_module_is_in_one_layer():
+    modules = set(_modules())
+    listed = [name for layer in LAYERS for name in layer]
+    twice = sorted({name for name in listed if listed.count(name) > 1})
+    assert not twice, f"LAYERS (tests/test_hygiene.py) names these modules twice: {twice}"
+    unlisted = sorted(modules - set(listed))
+    assert not unlisted, (
+        f"modules in no layer: {[_label(m) for m in unlisted]}: add each to LAYERS in "
+        "tests/test_hygiene.py, in the lowest layer that holds every module it imports"
+    )
+    gone = sorted(set(listed) - modules)
+    assert not gone, f"LAYERS in tests/test_hygiene.py names modules that do not exist: {gone}"
+
+
+def test_no_module_imports_from_a_higher_layer():
+    """Lower layers know nothing of higher ones (lazy imports inside functions included)."""
+    layer_of, modules = _layer_of(), _modules()
+    problems = []
+    for module, imports in _import_graph().items():
+        if module not in layer_of:
+            continue  # test_every_module_is_in_one_layer names it
+        for target, line in sorted(imports.items()):
+            if target == TOP:
+                problems.append(
+                    f"{_label(module)}: line {line} imports the package mhbook itself (its "
+                    "__init__, the top): import the module that defines the name"
+                )
+            elif target not in modules:
+                problems.append(f"{_label(module)}: line {line} imports mhbook.{target}, no module")
+            elif layer_of.get(target, -1) > layer_of[module]:
+                problems.append(
+                    f"{_label(module)}: line {line} imports mhbook.{target}, of a higher layer "
+                    f"({layer_of[target]}: {', '.join(LAYERS[layer_of[target]])}) than its own "
+                    f"({layer_of[module]}: {', '.join(LAYERS[layer_of[module]])})"
+                )
+    assert not problems, (
+        "imports that run from a lower layer up to a higher one (LAYERS in "
+        "tests/test_hygiene.py); move what both need down instead:\n" + "\n".join(problems)
+    )
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or None."""
+    state: dict[str, str] = {}  # "open" while on the path, "done" after
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_imports_make_no_cycle():
+    graph = {module: set(imports) - {TOP} for module, imports in _import_graph().items()}
+    cycle = _cycle(graph)
+    assert cycle is None, "an import cycle: " + " -> ".join(f"mhbook.{m}" for m in cycle)
+
+
+def test_the_import_reader_works():
+    modules = {"data", "plot", "explorers", "explorers.svg", "explorers.viewer"}
+    source = (
+        "import numpy\n"
+        "from . import svg\n"
+        "from .svg import embed\n"
+        "from ..data import tokenize\n"
+        "def f():\n"
+        "    from ..plot import plot_heatmap\n"
+        "    import mhbook.explorers.svg\n"
+        "    from mhbook import Transformer\n"
+    )
+    assert _mhbook_imports(source, "explorers.viewer", False, modules) == {
+        "explorers.svg": 2,
+        "data": 4,
+        "plot": 6,
+        TOP: 8,
+    }
+    package = "from . import svg, viewer\nfrom .viewer import attention_viewer\n"
+    assert _mhbook_imports(package, "explorers", True, modules) == {
+        "explorers.svg": 1,
+        "explorers.viewer": 1,
+    }
+    assert _mhbook_imports("from .explorers import svg", "plot", False, modules) == {
+        "explorers.svg": 1
+    }
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
