@@ -8,7 +8,9 @@ in Colab. It starts ``world_size`` fresh Python processes with the ``spawn`` met
 Each rank calls ``fn(rank, world_size, device, *args)``; :func:`run` returns what every rank
 returned, in rank order. Everything is bounded by ``timeout``: a rank that hangs (waiting
 in a collective for a rank that died) is stopped and :class:`TimeoutError` raised; an
-exception in a rank is raised in the caller as :class:`WorkerError` with the rank's traceback.
+exception in a rank is raised in the caller as :class:`WorkerError` with the rank's traceback,
+and a rank that dies without one (``os._exit``, a signal, a crash in C++) as
+:class:`WorkerError` with its exit code. Whichever way :func:`run` ends, no rank outlives it.
 
 ``spawn`` starts new interpreters that import ``fn`` by its module and name, so ``fn`` must
 be defined in an importable module (like :mod:`mhbook.parallel`), not in a notebook cell.
@@ -17,8 +19,11 @@ be defined in an importable module (like :mod:`mhbook.parallel`), not in a noteb
 from __future__ import annotations
 
 import datetime
+import math
+import multiprocessing.connection
+import numbers
 import pickle
-import queue as queue_module
+import signal
 import time
 import traceback
 from typing import Callable
@@ -68,25 +73,15 @@ def run(
         The ``world_size`` return values of ``fn``, in rank order.
 
     Raises:
-        WorkerError: a rank raised (its traceback is in the message) or died.
+        TypeError, ValueError: a bad argument, before any process starts.
+        WorkerError: a rank raised (its traceback is in the message) or died without an
+            exception (its exit code is); the other ranks are stopped.
         TimeoutError: the ranks did not all finish within ``timeout`` seconds; they are stopped.
     """
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    if not callable(fn):
-        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
-    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(
-        fn, "__qualname__", ""
-    ):
-        raise ValueError(
-            f"fn={getattr(fn, '__qualname__', fn)!r} is defined in __main__ (a notebook or a "
-            "script) or inside a function; the spawned processes import fn by module and name, "
-            "so define it at the top level of an importable module, e.g. a .py file beside the "
-            "notebook or mhbook.parallel"
-        )
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    _check_arguments(fn, world_size, timeout, threads)
     backend = default_backend(world_size) if backend is None else backend
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
@@ -97,7 +92,6 @@ def run(
         )
 
     context = mp.get_context("spawn")
-    results_queue = context.Queue()
     # The rendezvous: a key-value store served from this process on a port the OS picks
     # (port 0), so no other program can take the port between choosing and binding it.
     store = dist.TCPStore(
@@ -109,70 +103,114 @@ def run(
         timeout=datetime.timedelta(seconds=timeout),
     )
     port = store.port
+    # One pipe per rank for its one message, so that we know who sent what and can wait on
+    # the messages and on the processes' ends together.
+    pipes = [context.Pipe(duplex=False) for _ in range(world_size)]  # (receive, send)
     processes = [
         context.Process(
             target=_worker,
-            args=(
-                rank,
-                fn,
-                args,
-                kwargs,
-                world_size,
-                backend,
-                port,
-                timeout,
-                threads,
-                results_queue,
-            ),
+            args=(rank, fn, args, kwargs, world_size, backend, port, timeout, threads, send),
             daemon=True,  # they go when the caller goes
         )
-        for rank in range(world_size)
+        for rank, (_, send) in enumerate(pipes)
     ]
-    for process in processes:
-        process.start()
-    results: dict[int, object] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(results) < world_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = sorted(set(range(world_size)) - set(results))
-                raise TimeoutError(
-                    f"ranks {missing} of {world_size} ({backend}) did not finish within "
-                    f"{timeout} s; they were stopped"
-                )
-            try:
-                rank, ok, payload = results_queue.get(timeout=min(0.2, remaining))
-            except queue_module.Empty:
-                dead = [
-                    (r, p.exitcode)
-                    for r, p in enumerate(processes)
-                    if r not in results and p.exitcode not in (None, 0)
-                ]
-                if dead:
-                    try:  # its traceback may still be on the way
-                        rank, ok, payload = results_queue.get(timeout=1.0)
-                    except queue_module.Empty:
-                        r, code = dead[0]
-                        raise WorkerError(
-                            f"rank {r} of {world_size} died with exit code {code} without "
-                            "returning a result"
-                        ) from None
-                else:
-                    continue
-            if not ok:
-                raise WorkerError(f"rank {rank} of {world_size} ({backend}) raised:\n{payload}")
-            results[rank] = pickle.loads(payload)
+    results = []
+    try:  # started in here, so that if one rank cannot start the others are stopped
+        for process, (_, send) in zip(processes, pipes):
+            process.start()
+            send.close()  # the rank has its own copy
+        results = _collect(processes, [receive for receive, _ in pipes], backend, timeout)
     finally:
         # Finished ranks get a moment to exit; after a failure the others are stopped now.
-        _stop(processes, grace=5.0 if len(results) == world_size else 0.0)
-        results_queue.close()
+        _stop(processes, grace=5.0 if results else 0.0)
+        for receive, send in pipes:
+            receive.close()
+            send.close()
         del store
+    return results
+
+
+def _check_arguments(fn, world_size, timeout, threads) -> None:
+    """Raise a clear error for an argument that :func:`run` cannot use."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function, got {type(fn).__name__} {fn!r}")
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(
+        fn, "__qualname__", ""
+    ):
+        raise ValueError(
+            f"fn={getattr(fn, '__qualname__', fn)!r} is defined in __main__ (a notebook or a "
+            "script) or inside a function; the spawned processes import fn by module and name, "
+            "so define it at the top level of an importable module, e.g. a .py file beside the "
+            "notebook or mhbook.parallel"
+        )
+    for name, value in (("world_size", world_size), ("threads", threads)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, numbers.Real)
+        or not 0 < timeout < math.inf  # also False for NaN
+    ):
+        raise ValueError(f"timeout must be a finite number > 0 (seconds), got {timeout!r}")
+
+
+def _collect(processes, receivers, backend: str, timeout: float) -> list:
+    """Wait for every rank's message and return their results, or raise for the first
+    failure: a rank that died without a message, else a rank's exception, else the timeout.
+
+    A rank that dies takes its peers down with it (their collectives fail when its sockets
+    close), so when a death and exceptions show up together the death is reported: it came
+    first.
+    """
+    world_size = len(processes)
+    results: dict[int, object] = {}
+    deadline = time.monotonic() + timeout
+    while len(results) < world_size:
+        pending = [rank for rank in range(world_size) if rank not in results]
+        owners = {receivers[rank]: rank for rank in pending}
+        owners.update({processes[rank].sentinel: rank for rank in pending})
+        remaining = max(0.0, deadline - time.monotonic())
+        ready = multiprocessing.connection.wait(list(owners), timeout=remaining)
+        if not ready:
+            raise TimeoutError(
+                f"ranks {pending} of {world_size} ({backend}) did not finish within "
+                f"{timeout} s; they were stopped"
+            )
+        raised, died = [], []
+        for rank in sorted({owners[thing] for thing in ready}):
+            message = _receive(receivers[rank])
+            if message is None:  # the rank ended (or is ending) without a word
+                processes[rank].join(timeout=5.0)
+                died.append(rank)
+            elif message[0]:
+                results[rank] = pickle.loads(message[1])
+            else:
+                raised.append((rank, message[1]))
+        if died:
+            rank, code = died[0], processes[died[0]].exitcode
+            killed = f" ({signal.strsignal(-code)})" if code is not None and code < 0 else ""
+            raise WorkerError(
+                f"rank {rank} of {world_size} ({backend}) exited with code {code}{killed} "
+                "without an exception (os._exit, a signal or a crash); the other ranks were "
+                "stopped"
+            )
+        if raised:
+            rank, text = raised[0]
+            raise WorkerError(f"rank {rank} of {world_size} ({backend}) raised:\n{text}")
     return [results[rank] for rank in range(world_size)]
 
 
-def _worker(rank, fn, args, kwargs, world_size, backend, port, timeout, threads, results_queue):
-    """One rank: join the group, call ``fn``, send back ``(rank, ok, result or traceback)``."""
+def _receive(connection):
+    """The message waiting in ``connection``, or ``None`` if its sender closed it without
+    one (it died)."""
+    try:
+        return connection.recv() if connection.poll() else None
+    except (EOFError, OSError):
+        return None
+
+
+def _worker(rank, fn, args, kwargs, world_size, backend, port, timeout, threads, connection):
+    """One rank: join the group, call ``fn``, send back ``(ok, pickled result or traceback)``."""
     import torch.distributed as dist
 
     try:
@@ -189,25 +227,31 @@ def _worker(rank, fn, args, kwargs, world_size, backend, port, timeout, threads,
         )
         # Pickled here with the plain pickle: a tensor travels as bytes, not as shared
         # memory that would vanish with this process.
-        message = (rank, True, pickle.dumps(fn(rank, world_size, device, *args, **kwargs)))
+        message = (True, pickle.dumps(fn(rank, world_size, device, *args, **kwargs)))
     except BaseException:  # noqa: BLE001 (every failure goes back to the caller)
-        message = (rank, False, traceback.format_exc())
-    results_queue.put(message)
-    if message[1] and dist.is_initialized():
+        message = (False, traceback.format_exc())
+    try:
+        connection.send(message)
+    except OSError:  # the caller is gone
+        pass
+    connection.close()
+    if message[0] and dist.is_initialized():
         dist.destroy_process_group()
-    results_queue.close()
-    results_queue.join_thread()  # the message is sent before the process ends
 
 
 def _stop(processes, grace: float = 5.0) -> None:
-    """Wait a little for finished ranks to exit, then terminate, then kill the rest."""
+    """Wait up to ``grace`` seconds for the ranks to exit, then terminate, then kill the rest,
+    and reap them all (even when interrupted while waiting)."""
+    started = [process for process in processes if process.pid is not None]
     deadline = time.monotonic() + grace
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-            process.join(timeout=2.0)
-        if process.is_alive():
-            process.kill()
-            process.join()
+    try:
+        for process in started:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        for process in started:
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=2.0)
+            if process.is_alive():
+                process.kill()
+                process.join()

@@ -1,4 +1,4 @@
-"""Tensor-parallel attention (mhbook.parallel) and the process launcher (mhbook.launch).
+"""Tensor-parallel attention (mhbook.parallel); the launcher itself is tested in test_launch.py.
 
 Single-process tests cut a ``MultiHeadAttention`` into the ranks' shares and add up their
 partial outputs, as the all-reduce would. The two-process test starts 2 gloo ranks on the
@@ -7,8 +7,6 @@ single-process layer: output and gradients, float64. Every launch is bounded by 
 """
 
 from __future__ import annotations
-
-import time
 
 import pytest
 import torch
@@ -148,44 +146,6 @@ def test_layer_cost_is_counted_from_the_shapes():
         {"tiny": dict(batch=2, length=6, d_model=16, num_heads=4, world_size=2)}
     )
     assert "tiny" in table and "14,592" in table
-
-
-# -- the launcher ----------------------------------------------------------------------------
-def hang_in_rank_1(rank, world_size, device):
-    """Rank 1 sleeps; rank 0 waits for it in a barrier."""
-    if rank == 1:
-        time.sleep(600)
-    dist.barrier()
-
-
-def test_run_rejects_functions_that_spawn_cannot_import():
-    def local(rank, world_size, device):
-        return rank
-
-    with pytest.raises(ValueError, match="importable module"):
-        launch.run(local, world_size=2)
-    with pytest.raises(ValueError, match="backend must be 'gloo', 'nccl' or None"):
-        launch.run(parallel.check_tensor_parallel, backend="mpi")
-    with pytest.raises(ValueError, match="world_size must be a positive int"):
-        launch.run(parallel.check_tensor_parallel, world_size=0)
-
-
-def test_run_raises_a_workers_exception_with_its_traceback():
-    with pytest.raises(launch.WorkerError, match=r"(?s)rank \d of 2 \(gloo\) raised.*api must be"):
-        launch.run(
-            parallel.check_tensor_parallel,
-            "nonsense",
-            world_size=2,
-            backend="gloo",
-            timeout=TIMEOUT,
-        )
-
-
-def test_run_stops_ranks_that_hang():
-    start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"did not finish within 10 s"):
-        launch.run(hang_in_rank_1, world_size=2, backend="gloo", timeout=10)
-    assert time.monotonic() - start < 10 + 15  # stopped, not waited for
 
 
 # -- two processes ---------------------------------------------------------------------------
