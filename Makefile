@@ -33,7 +33,8 @@ book: setup
 # Three pytest-xdist workers on two cores, a whole file (a chapter's kernel) on each: the
 # browser test's worker mostly waits for Chromium, the other two run chapters, whose training
 # runs on one thread (chapters/conftest.py, which also runs each chapter on another CPU kernel
-# set and thread count than the native ones). The longest files go first (LONGEST_FIRST in
+# set and thread count than the native ones). The longest files go first (the `slow` mark:
+# a chapter's seconds are those of its committed run, a slow test file states its own;
 # tests/conftest.py; --no-loadscope-reorder keeps that order, where xdist would sort the files
 # by their number of tests), so that the short unit tests fill the end of the run.
 test: setup chromium

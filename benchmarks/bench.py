@@ -171,7 +171,7 @@ def bench_multihead(
         def run_ours(x=x, ours=ours):
             ours.zero_grad(set_to_none=True)
             x.grad = None
-            ours(x, x, x).sum().backward()
+            ours(x, x, x)[0].sum().backward()
 
         def run_theirs(x=x, theirs=theirs):
             theirs.zero_grad(set_to_none=True)
@@ -283,20 +283,18 @@ def bench_decoding(
     """Seconds of :meth:`Transformer.greedy_decode` with ``use_cache=True`` and ``False``.
 
     The model is a :class:`~mhbook.Transformer` of ``config`` (default: the book's)
-    with random weights. To make every sequence run the
-    full ``max_len`` steps, ``eos_id`` is ``vocab_size``: an id that ``argmax`` over
-    ``vocab_size`` logits can never return, so decoding never stops early.
+    with random weights. To make every sequence run the full ``max_len`` steps, no
+    ``eos_id`` is given, so decoding never stops early.
     """
     torch.manual_seed(0)
     model = Transformer(config, vocab_size, vocab_size).to(device).eval()
     src = torch.randint(0, vocab_size, (batch, src_len), device=device)
     valid_lens = torch.full((batch,), src_len, device=device)
-    never = vocab_size
     results = []
     for n in new_tokens:
 
         def decode(use_cache, n=n):
-            out = model.greedy_decode(src, valid_lens, 1, never, n, use_cache=use_cache)
+            out = model.generate(src, valid_lens, n, bos_id=1, use_cache=use_cache)
             assert out.shape == (batch, n)
             return out
 
@@ -433,18 +431,17 @@ def kv_cache_variants(
 
     ``MHA``: ``num_heads`` key/value heads; ``GQA-2``: 2; ``MQA``: 1; ``MLA``: latent
     attention with ``d_latent + d_rope`` = GQA-2's numbers per token (``2 * 2 * d_head``;
-    :func:`mhbook.make_attention` gives it ``d_rope = d_head // 2``); ``window``: MHA
+    :attr:`mhbook.ModelConfig.d_rope`, ``d_head // 2``); ``window``: MHA
     attending to (and caching) the last ``window`` tokens only.
     """
     base = ModelConfig(
         d_model=d_model, num_heads=num_heads, num_layers=1, d_ff=4 * d_model, position="rope"
     )
-    d_rope = 2 * max(1, base.d_head // 4)  # as make_attention chooses it
     return {
         "MHA": base,
         "GQA-2": dataclasses.replace(base, num_kv_heads=2),
         "MQA": dataclasses.replace(base, num_kv_heads=1),
-        "MLA": dataclasses.replace(base, d_latent=2 * 2 * base.d_head - d_rope),
+        "MLA": dataclasses.replace(base, d_latent=2 * 2 * base.d_head - base.d_rope),
         "window": dataclasses.replace(base, window=window),
     }
 
@@ -453,7 +450,7 @@ def fill_cache(layer: nn.Module, x: torch.Tensor, window: int | None = None) -> 
     """A :class:`~mhbook.LayerCache` holding what ``layer`` caches for the context ``x``.
 
     ``x``: the context ``(batch, L, d_model)``. The cache gets the keys and values of a
-    :class:`~mhbook.GroupedQueryAttention` (RoPE applied) or the latents of a
+    :class:`~mhbook.MultiHeadAttention` (RoPE applied) or the latents of a
     :class:`~mhbook.MultiHeadLatentAttention`, made by the layer's own projections in one
     pass and added with ``update`` / ``update_latent`` as a prefill would add them, but
     without the prefill's attention (``O(L^2)``, and not what table (f) measures).
@@ -465,9 +462,8 @@ def fill_cache(layer: nn.Module, x: torch.Tensor, window: int | None = None) -> 
     if isinstance(layer, MultiHeadLatentAttention):
         cache.update_latent(layer.latent(x, positions))
         return cache
-    h_kv, d_head = layer.num_kv_heads, layer.d_head
-    k = layer.W_k(x).view(batch, length, h_kv, d_head).transpose(1, 2)  # (B, h_kv, L, d_head)
-    v = layer.W_v(x).view(batch, length, h_kv, d_head).transpose(1, 2)
+    k = layer.split_heads(layer.W_k(x), layer.num_kv_heads)  # (B, h_kv, L, d_head)
+    v = layer.split_heads(layer.W_v(x), layer.num_kv_heads)
     if layer.rope is not None:
         k = layer.rope(k, positions)
     cache.update(k, v)
@@ -535,7 +531,7 @@ def bench_kv_cache(
             with torch.no_grad():
                 for _ in range(steps):
                     mask = causal_mask(1, cache.num_kept + 1, device, window=cache.window)
-                    layer(new_token, mask, cache=cache)
+                    layer(new_token, mask=mask, cache=cache)
 
         fns = {name: partial(decode, layers[name], caches[name]) for name in layers}
         t = interleaved_median_times(fns, device, rounds)
@@ -555,8 +551,7 @@ def bench_kv_cache(
 
 def _variant_label(name: str, config: ModelConfig) -> str:
     if config.d_latent is not None:
-        d_rope = 2 * max(1, config.d_head // 4)
-        return f"MLA d_c={config.d_latent}+{d_rope}"
+        return f"MLA d_c={config.d_latent}+{config.d_rope}"
     if config.window is not None:
         return f"window W={config.window}"
     return f"{name.split('-')[0]} h_kv={config.kv_heads}"

@@ -21,10 +21,13 @@ every chapter natively. The settings used are listed at the end of the run.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import recorded_seconds  # the repository root is on sys.path (pyproject)
 
 KERNELS = ("native", "default", "avx2")
 THREADS = (1, 2, 4)
@@ -65,6 +68,17 @@ def setting_for(index: int) -> dict[str, str | None]:
         "ATEN_CPU_CAPABILITY": None if kernel == "native" else kernel,
         "OMP_NUM_THREADS": str(threads),
     }
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items) -> None:
+    """Mark every chapter's cells ``slow`` with the seconds of the chapter's recorded run,
+    which order the files (tests/conftest.py)."""
+    seconds = functools.cache(recorded_seconds)
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.slow(seconds=seconds(path)))
 
 
 def _chapter_index(path: Path) -> int:

@@ -10,17 +10,26 @@ the modules are importable too (``mhbook.plot``, ``mhbook.data``, ...).
 
 import importlib
 
-from . import alibi, bleu, config, data, launch, lm, lm_data, mla, parallel, rope, train
+from . import alibi, bleu, config, data, hf, launch, lm, lm_data, mla, parallel, rope, train
 from .alibi import ALiBi, alibi_slopes
 from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
-from .blocks import DecoderBlock, EncoderBlock
+from .blocks import DecoderBlock, DecoderOnlyBlock, EncoderBlock, Stack, make_attention
 from .cache import KVCache, LayerCache
 from .config import BOOK_CONFIG, FAST_CONFIG, Config, DataConfig, ModelConfig, TrainConfig
 from .data import Batch, NumberTranslation, Vocab, detokenize, english_words, french_words, tokenize
-from .gqa import GroupedQueryAttention
-from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, sinusoidal_encoding
-from .lm import DecoderOnlyBlock, DecoderOnlyLM, make_attention
+from .generate import generate, next_token_probs
+from .layers import (
+    AddNorm,
+    PositionalEncoding,
+    PositionWiseFFN,
+    RMSNorm,
+    SwiGLU,
+    make_ffn,
+    make_norm,
+    sinusoidal_encoding,
+)
+from .lm import DecoderOnlyLM
 from .lm_data import LMBatch, PromptCompletion, completion_loss, evaluate_lm
 from .masks import causal_mask, check_mask, padding_mask
 from .measure import peak_memory_bytes
@@ -113,7 +122,6 @@ __all__ = [
     "causal_mask",
     "check_mask",
     "MultiHeadAttention",
-    "GroupedQueryAttention",
     "TensorParallelMultiHeadAttention",
     "MultiHeadLatentAttention",
     # position inside attention
@@ -124,7 +132,11 @@ __all__ = [
     "sinusoidal_encoding",
     "PositionalEncoding",
     "PositionWiseFFN",
+    "SwiGLU",
+    "RMSNorm",
     "AddNorm",
+    "make_norm",
+    "make_ffn",
     "EncoderBlock",
     "DecoderBlock",
     "TransformerEncoder",
@@ -133,8 +145,11 @@ __all__ = [
     "record_attention",
     # the decoder-only language model
     "make_attention",
+    "Stack",
     "DecoderOnlyBlock",
     "DecoderOnlyLM",
+    "generate",
+    "next_token_probs",
     "PromptCompletion",
     "LMBatch",
     "completion_loss",
@@ -211,6 +226,7 @@ __all__ = [
     "bleu",
     "config",
     "data",
+    "hf",
     "lm",
     "lm_data",
     "mla",

@@ -17,10 +17,11 @@ tokens. The paper defines the bias for causal attention (keys ``j <= i``); here 
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import nn
+
+from .checks import check_int
 
 __all__ = ["alibi_slopes", "ALiBi"]
 
@@ -40,8 +41,7 @@ def alibi_slopes(
     Returns:
         ``(num_heads,)``.
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
-        raise ValueError(f"num_heads must be an int >= 1, got {num_heads!r}")
+    check_int("num_heads", num_heads)
     return torch.tensor(_slopes(int(num_heads)), device=device, dtype=dtype)
 
 
@@ -77,17 +77,22 @@ class ALiBi(nn.Module):
         """The bias ``-m_h * |i - j|`` for every head, query position ``i`` and key ``j``.
 
         Args:
-            q_positions: integer ``(T,)`` positions of the queries.
-            k_positions: integer ``(S,)`` positions of the keys, on the same device.
+            q_positions: integer ``(T,)`` positions of the queries, or ``(batch, T)`` for
+                one row of positions per sequence.
+            k_positions: integer ``(S,)`` positions of the keys, or ``(batch, S)``; on
+                the same device, with as many dimensions as ``q_positions``.
             dtype: of the bias (the scores' dtype).
 
         Returns:
-            A float bias ``(num_heads, T, S)`` to add to the scaled scores.
+            A float bias ``(num_heads, T, S)`` (or ``(batch, num_heads, T, S)``) to add to
+            the scaled scores.
         """
         for name, p in (("q_positions", q_positions), ("k_positions", k_positions)):
-            if not isinstance(p, torch.Tensor) or p.dim() != 1:
+            if not isinstance(p, torch.Tensor) or p.dim() not in (1, 2):
                 got = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
-                raise ValueError(f"{name} must be a 1-D tensor of positions, got {got}")
+                raise ValueError(
+                    f"{name} must be a tensor of positions (T,) or (batch, T), got {got}"
+                )
             if p.is_floating_point() or p.is_complex() or p.dtype == torch.bool:
                 raise TypeError(f"{name} must hold integers, got dtype {p.dtype}")
         if q_positions.device != k_positions.device:
@@ -95,7 +100,15 @@ class ALiBi(nn.Module):
                 f"q_positions and k_positions must be on the same device, got "
                 f"{q_positions.device} and {k_positions.device}"
             )
+        if q_positions.dim() != k_positions.dim() or (
+            q_positions.dim() == 2 and q_positions.size(0) != k_positions.size(0)
+        ):
+            raise ValueError(
+                f"q_positions {tuple(q_positions.shape)} and k_positions "
+                f"{tuple(k_positions.shape)} must both be (T,) and (S,), or both (batch, ...)"
+            )
         slopes = alibi_slopes(self.num_heads, device=q_positions.device, dtype=dtype)
         # Negated as integers, so that a distance of 0 gives 0.0, not -0.0.
-        minus_distance = -(q_positions[:, None] - k_positions[None, :]).abs()  # (T, S)
+        distance = q_positions.unsqueeze(-1) - k_positions.unsqueeze(-2)  # (..., T, S)
+        minus_distance = -distance.abs().unsqueeze(-3)  # (..., 1, T, S)
         return slopes[:, None, None] * minus_distance.to(dtype)

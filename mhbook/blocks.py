@@ -1,20 +1,120 @@
-"""Encoder and decoder blocks: attention, feed-forward, and add & norm around each."""
+"""The blocks every model of mhbook is a stack of, each built from a :class:`ModelConfig`.
+
+* :func:`make_attention`: the attention layer the config describes (multi-head,
+  grouped-query, multi-query or latent; RoPE, ALiBi or no position inside it). Every
+  block gets its attention from it, so every model obeys the config alike.
+* :class:`EncoderBlock`: self-attention, then a feed-forward network.
+* :class:`DecoderBlock`: masked self-attention, cross-attention to the encoder's output,
+  then a feed-forward network.
+* :class:`DecoderOnlyBlock`: masked self-attention, then a feed-forward network.
+* :class:`Stack`: token embedding, ``num_layers`` blocks, a final norm for pre-norm and
+  optionally the output layer to vocabulary logits: what the encoder, the decoder and the
+  decoder-only language model share.
+
+Each sublayer sits in an :class:`~mhbook.layers.AddNorm`: the residual connection with
+the config's norm (``"layer"`` or ``"rms"``), before (``norm_first``) or after the
+sublayer, and the residual dropout.
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .cache import LayerCache
+from .cache import KVCache, LayerCache
+from .checks import check_int, check_tokens
 from .config import ModelConfig
-from .layers import AddNorm, PositionWiseFFN
+from .layers import AddNorm, PositionalEncoding, make_ffn, make_norm
 from .multihead import MultiHeadAttention
 
-__all__ = ["EncoderBlock", "DecoderBlock"]
+__all__ = [
+    "make_attention",
+    "EncoderBlock",
+    "DecoderBlock",
+    "DecoderOnlyBlock",
+    "Stack",
+]
+
+
+def make_attention(
+    config: ModelConfig, *, cross: bool = False, decoder_only: bool = False
+) -> nn.Module:
+    """The attention layer ``config`` describes.
+
+    * Self-attention with ``config.d_latent`` set: multi-head latent attention
+      (:class:`mhbook.MultiHeadLatentAttention`), with a decoupled RoPE part of
+      :attr:`ModelConfig.d_rope` features when ``config.position == "rope"``;
+    * otherwise :class:`~mhbook.MultiHeadAttention` with ``config.kv_heads`` key/value
+      heads (``num_heads`` of them: multi-head attention; 1: multi-query attention),
+      with a :class:`mhbook.RotaryEmbedding` of base ``config.rope_theta`` when
+      ``config.position == "rope"`` and an :class:`mhbook.ALiBi` when it is ``"alibi"``
+      (in self-attention only: cross-attention has no shared positions, and never a
+      latent).
+
+    Args:
+        config: the model's :class:`~mhbook.ModelConfig`.
+        cross: cross-attention of a decoder to the encoder's output.
+        decoder_only: for a decoder-only model: with ``config.bias=None`` no biases in
+            the projections (as chapter 9's model has them), and the queries projected
+            before the keys and values, as chapter 9's models were trained (the same
+            output; the last bits of training follow that order).
+
+    Every layer is called ``layer(x, key=None, value=None, mask=None, *, is_causal,
+    positions, cache, need_weights)`` and returns ``(output, weights or None)``.
+    """
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a mhbook.ModelConfig, got {type(config).__name__}")
+    bias = config.bias if config.bias is not None else not decoder_only
+    if config.d_latent is not None and not cross:
+        from .mla import MultiHeadLatentAttention
+
+        if config.position == "alibi":
+            raise ValueError(
+                "ModelConfig.position='alibi' with d_latent: latent attention with ALiBi "
+                "is not built (its absorbed form attends over latents, not positions)"
+            )
+        return MultiHeadLatentAttention(
+            config.d_model,
+            config.num_heads,
+            config.d_latent,
+            config.attention_dropout,
+            bias,
+            d_head=config.head_dim,
+            d_rope=config.d_rope,
+            rope_base=config.rope_theta,
+        )
+    extra: dict[str, nn.Module] = {}
+    if not cross and config.position == "rope":
+        from .rope import RotaryEmbedding
+
+        extra["rope"] = RotaryEmbedding(config.d_head, config.rope_theta)
+    elif not cross and config.position == "alibi":
+        from .alibi import ALiBi
+
+        extra["alibi"] = ALiBi(config.num_heads)
+    layer = MultiHeadAttention(
+        config.d_model,
+        config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        dropout=config.attention_dropout,
+        bias=bias,
+        d_head=config.head_dim,
+        **extra,
+    )
+    layer._queries_first = decoder_only  # chapters 9-12's training, bit for bit
+    return layer
+
+
+def _add_norm(config: ModelConfig) -> AddNorm:
+    """A residual connection with the config's norm, its placement and its dropout."""
+    return AddNorm(config.d_model, config.dropout, config.norm_first, norm=make_norm(config))
 
 
 class _Block(nn.Module):
-    """What both blocks share: a copy of PyTorch's layer (:meth:`from_torch`)."""
+    """What the encoder and decoder blocks share: a copy of PyTorch's layer (:meth:`from_torch`)."""
 
     #: the PyTorch layer this block mirrors, and its attentions: ours -> PyTorch's name
     torch_layer: type[nn.Module]
@@ -22,12 +122,12 @@ class _Block(nn.Module):
 
     @classmethod
     def from_torch(cls, layer: nn.Module) -> _Block:
-        """Copy a PyTorch layer (:attr:`torch_layer`, ``batch_first=True``, ReLU):
+        """Copy a PyTorch layer (:attr:`torch_layer`, ``batch_first=True``, ReLU or GELU):
         same weights, same outputs.
 
         Same outputs in training too when the dropout is 0. PyTorch's layer also drops
-        attention weights and the feed-forward network's hidden units; ours drops only
-        what the paper drops (see :class:`EncoderBlock`)."""
+        the feed-forward network's hidden units, which no block of mhbook does (see
+        :attr:`ModelConfig.dropout`)."""
         _check_torch_layer(layer, cls.torch_layer)
         config = ModelConfig(
             d_model=layer.self_attn.embed_dim,
@@ -35,14 +135,15 @@ class _Block(nn.Module):
             num_layers=1,
             d_ff=layer.linear1.out_features,
             dropout=layer.dropout.p,
+            attention_dropout=layer.self_attn.dropout,
             norm_first=layer.norm_first,
             norm_eps=layer.norm1.eps,
+            ffn=_activation(layer),
+            bias=layer.linear1.bias is not None,
         )
         block = cls(config).to(layer.linear1.weight.device, layer.linear1.weight.dtype)
         for ours, theirs in cls.attentions.items():
-            attention = MultiHeadAttention.from_torch(getattr(layer, theirs))
-            attention.dropout = 0.0  # the block drops out where the paper does (see below)
-            setattr(block, ours, attention)
+            setattr(block, ours, MultiHeadAttention.from_torch(getattr(layer, theirs)))
         with torch.no_grad():
             block.ffn.linear1.load_state_dict(layer.linear1.state_dict())
             block.ffn.linear2.load_state_dict(layer.linear2.state_dict())
@@ -56,14 +157,12 @@ class EncoderBlock(_Block):
     """Self-attention then a feed-forward network, each wrapped in :class:`AddNorm`.
 
     Args:
-        config: a :class:`mhbook.ModelConfig`; the block uses its ``d_model``,
-            ``num_heads``, ``head_dim`` (the size of one head; ``None``: ``d_model //
-            num_heads``), ``d_ff`` (the feed-forward network's hidden size), ``dropout``
-            (on each sublayer's output before it is added to the residual, the paper's
-            "residual dropout"; not on the attention weights or inside the FFN, which
-            the paper does not drop),
-            ``norm_first`` (``False`` for post-norm, the paper; ``True`` for pre-norm)
-            and ``norm_eps``. ``num_layers`` does not concern a block.
+        config: a :class:`mhbook.ModelConfig`. The block obeys every field but
+            ``num_layers`` (a stack's) and ``window`` (which :class:`Stack` refuses for an
+            encoder): the attention from :func:`make_attention`, the FFN
+            (``ffn``, ``d_ff``), the norms (``norm``, ``norm_eps``, ``norm_first``),
+            ``bias`` and the residual ``dropout`` (on each sublayer's output before it is
+            added to the residual, the paper's "residual dropout").
 
     Example: ``EncoderBlock(ModelConfig(d_model=512, num_heads=8, d_ff=2048))``.
 
@@ -75,16 +174,14 @@ class EncoderBlock(_Block):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        d, p = config.d_model, config.dropout
-        # Dropout only on the sublayers' outputs (in AddNorm), as in the paper (Sec. 5.4).
-        self.self_attn = MultiHeadAttention(d, config.num_heads, d_head=config.head_dim)
-        self.ffn = PositionWiseFFN(d, config.d_ff)
-        self.addnorm1 = AddNorm(d, p, config.norm_first, config.norm_eps)
-        self.addnorm2 = AddNorm(d, p, config.norm_first, config.norm_eps)
+        self.self_attn = make_attention(config)
+        self.ffn = make_ffn(config)
+        self.addnorm1 = _add_norm(config)
+        self.addnorm2 = _add_norm(config)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` ``(batch, L, d_model)``; ``mask`` bool, broadcastable to ``(batch, h, L, L)``."""
-        x = self.addnorm1(x, lambda x: self.self_attn(x, x, x, mask))
+        x = self.addnorm1(x, lambda x: self.self_attn(x, mask=mask)[0])
         return self.addnorm2(x, self.ffn)
 
 
@@ -92,7 +189,8 @@ class DecoderBlock(_Block):
     """Masked self-attention, cross-attention to the encoder's output, then a
     feed-forward network, each wrapped in :class:`AddNorm`.
 
-    Arguments as for :class:`EncoderBlock`. ``from_torch(layer)`` copies an
+    Arguments as for :class:`EncoderBlock`; the cross-attention comes from
+    ``make_attention(config, cross=True)``. ``from_torch(layer)`` copies an
     ``nn.TransformerDecoderLayer(..., batch_first=True)``.
     """
 
@@ -101,14 +199,12 @@ class DecoderBlock(_Block):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        d, p = config.d_model, config.dropout
-        # Dropout only on the sublayers' outputs (in AddNorm), as in the paper (Sec. 5.4).
-        self.self_attn = MultiHeadAttention(d, config.num_heads, d_head=config.head_dim)
-        self.cross_attn = MultiHeadAttention(d, config.num_heads, d_head=config.head_dim)
-        self.ffn = PositionWiseFFN(d, config.d_ff)
-        self.addnorm1 = AddNorm(d, p, config.norm_first, config.norm_eps)
-        self.addnorm2 = AddNorm(d, p, config.norm_first, config.norm_eps)
-        self.addnorm3 = AddNorm(d, p, config.norm_first, config.norm_eps)
+        self.self_attn = make_attention(config)
+        self.cross_attn = make_attention(config, cross=True)
+        self.ffn = make_ffn(config)
+        self.addnorm1 = _add_norm(config)
+        self.addnorm2 = _add_norm(config)
+        self.addnorm3 = _add_norm(config)
 
     def forward(
         self,
@@ -131,9 +227,9 @@ class DecoderBlock(_Block):
             memory_mask: bool, broadcastable to ``(batch, h, T, S)``; usually
                 :func:`mhbook.padding_mask` of the source.
             cache: ``None`` in training. When decoding, this block's
-                :class:`mhbook.LayerCache`: the new tokens' keys and values are added
-                to it (:meth:`~mhbook.LayerCache.update`), and ``memory`` is projected
-                into its ``memory_keys``/``memory_values`` on the first step only.
+                :class:`mhbook.LayerCache`, which both attentions update themselves:
+                the self-attention adds the new tokens' keys and values, and the
+                cross-attention projects ``memory`` into it on the first step only.
             is_causal: the self-attention also applies ``causal_mask(T, T_total)``,
                 built only where needed (:func:`mhbook.attend`); what
                 :class:`~mhbook.TransformerDecoder` passes.
@@ -141,24 +237,131 @@ class DecoderBlock(_Block):
         Returns:
             ``(batch, T, d_model)``.
         """
-        x = self.addnorm1(x, lambda x: self._self_attention(x, self_mask, cache, is_causal))
-        x = self.addnorm2(x, lambda x: self._cross_attention(x, memory, memory_mask, cache))
+        x = self.addnorm1(
+            x, lambda x: self.self_attn(x, mask=self_mask, is_causal=is_causal, cache=cache)[0]
+        )
+        x = self.addnorm2(x, lambda x: self.cross_attn(x, memory, mask=memory_mask, cache=cache)[0])
         return self.addnorm3(x, self.ffn)
 
-    def _self_attention(self, x, mask, cache, is_causal):
-        k, v = self.self_attn.project_kv(x, x)  # only the new tokens are projected
-        if cache is not None:
-            k, v = cache.update(k, v)  # the earlier tokens' keys and values, then these
-        return self.self_attn.attend(x, k, v, mask, is_causal=is_causal)
 
-    def _cross_attention(self, x, memory, mask, cache):
-        if cache is None:
-            k, v = self.cross_attn.project_kv(memory, memory)
+class DecoderOnlyBlock(nn.Module):
+    """Masked self-attention then a feed-forward network, each in an :class:`AddNorm`
+    (pre-norm with ``config.norm_first``, the paper's post-norm otherwise).
+
+    An encoder block with a causal mask, or a decoder block without cross-attention; with
+    ``norm="rms"``, ``ffn="swiglu"``, ``bias=False``, ``position="rope"`` and
+    ``norm_first=True``, Llama's decoder layer.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = make_attention(config, decoder_only=True)
+        self.ffn = make_ffn(config)
+        self.addnorm1 = _add_norm(config)
+        self.addnorm2 = _add_norm(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        *,
+        is_causal: bool = False,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``(batch, T, d_model)``; ``mask`` bool, broadcastable to
+        ``(batch, h, T, S)``; ``cache`` this block's :class:`mhbook.LayerCache` or ``None``;
+        ``positions`` ``(T,)`` or ``(batch, T)`` (see :class:`mhbook.MultiHeadAttention`)."""
+        x = self.addnorm1(
+            x,
+            lambda x: self.self_attn(
+                x, mask=mask, is_causal=is_causal, positions=positions, cache=cache
+            )[0],
+        )
+        return self.addnorm2(x, self.ffn)
+
+
+class Stack(nn.Module):
+    """Token embedding, ``config.num_layers`` blocks, a final norm (pre-norm only) and,
+    with ``output=True``, a linear layer to vocabulary logits: what the encoder, the
+    decoder and the decoder-only language model share.
+
+    The embedding obeys ``scale_embeddings`` (times ``sqrt(d_model)``), ``position``
+    (``"sinusoidal"`` adds chapter 5's encoding; the others act inside attention) and
+    ``dropout``; the output layer ``bias`` and ``tie_embeddings`` (it then shares the
+    embedding's matrix).
+
+    Args:
+        config: a :class:`mhbook.ModelConfig`.
+        vocab_size: the number of tokens.
+        block: the block class, built as ``block(config)``.
+        output: add the output layer.
+    """
+
+    def __init__(
+        self, config: ModelConfig, vocab_size: int, block: type[nn.Module], output: bool = False
+    ):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a mhbook.ModelConfig, got {type(config).__name__}")
+        check_int("vocab_size", vocab_size)
+        self.config = config
+        self.d_model = config.d_model
+        self.vocab_size = vocab_size
+        self.embedding = nn.Embedding(vocab_size, config.d_model)
+        if config.position == "sinusoidal":
+            self.pos_encoding = PositionalEncoding(config.d_model, config.dropout)
         else:
-            if cache.memory_keys is None:  # the first step: project the memory once
-                cache.memory_keys, cache.memory_values = self.cross_attn.project_kv(memory, memory)
-            k, v = cache.memory_keys, cache.memory_values
-        return self.cross_attn.attend(x, k, v, mask)
+            self.pos_encoding = None
+            self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(block(config) for _ in range(config.num_layers))
+        self.norm = make_norm(config) if config.norm_first else nn.Identity()
+        if output:
+            self.output = nn.Linear(config.d_model, vocab_size, bias=config.bias is not False)
+            if config.tie_embeddings:
+                self.output.weight = self.embedding.weight
+
+    def embed(self, tokens: torch.Tensor, name: str, offset: int = 0) -> torch.Tensor:
+        """``(batch, L)`` token ids -> ``(batch, L, d_model)`` embeddings (scaled by
+        ``sqrt(d_model)`` if the config says so), plus the sinusoidal positions from
+        ``offset`` (if the config's position is sinusoidal), then dropout."""
+        check_tokens(name, tokens, self.vocab_size, self.embedding.weight.device)
+        x = self.embedding(tokens)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.d_model)
+        if self.pos_encoding is not None:
+            return self.pos_encoding(x, offset=offset)
+        return self.dropout(x)
+
+    def new_cache(self) -> KVCache:
+        """An empty :class:`mhbook.KVCache`, one layer cache per block; with
+        ``config.window`` a rolling one that keeps the last ``window`` tokens. The one
+        place where a model's cache is made."""
+        return KVCache(max(1, len(self.blocks)), window=self.config.window)
+
+    def _count_without_blocks(self, cache: KVCache | None, length: int) -> None:
+        """A model without blocks caches nothing, but its cache still counts the tokens
+        (the next token's position)."""
+        if cache is not None and not self.blocks:
+            cache.layers[0].length += length
+
+    def _check_cache(self, cache: KVCache | None) -> None:
+        if cache is None:
+            return
+        if not isinstance(cache, KVCache):
+            raise TypeError(
+                "cache must be None or a mhbook.KVCache (model.new_cache()), "
+                f"got {type(cache).__name__}"
+            )
+        if len(cache.layers) != max(1, len(self.blocks)):
+            raise ValueError(
+                f"the model has {len(self.blocks)} layers but the cache has {len(cache.layers)}"
+            )
+        if cache.window != self.config.window:
+            raise ValueError(
+                f"the cache keeps window={cache.window} tokens but the model attends to "
+                f"window={self.config.window}: use model.new_cache()"
+            )
 
 
 def _check_torch_layer(layer, kind) -> None:
@@ -166,5 +369,14 @@ def _check_torch_layer(layer, kind) -> None:
         raise TypeError(f"expected {kind.__name__}, got {type(layer).__name__}")
     if not layer.self_attn.batch_first:
         raise ValueError(f"expected {kind.__name__}(..., batch_first=True), got batch_first=False")
-    if getattr(layer, "activation_relu_or_gelu", 1) != 1:
-        raise ValueError(f"only ReLU is supported, got activation {layer.activation}")
+    _activation(layer)
+
+
+def _activation(layer) -> str:
+    """``"relu"`` or ``"gelu"``: the activation of a PyTorch encoder or decoder layer."""
+    act = layer.activation
+    if act is F.relu or isinstance(act, nn.ReLU):
+        return "relu"
+    if act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
+        return "gelu"
+    raise ValueError(f"only ReLU and GELU are supported, got activation {act}")

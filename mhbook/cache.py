@@ -38,6 +38,8 @@ import copy
 
 import torch
 
+from .checks import check_int
+
 __all__ = ["LayerCache", "KVCache"]
 
 
@@ -53,14 +55,18 @@ class LayerCache:
             the tokens kept (``S <= window``), or ``None`` before the first step.
         latent: ``(batch, S, d_latent)`` instead of keys and values (latent attention).
         length: tokens seen so far, kept or not.
-        memory_keys, memory_values: ``(batch, h, S_src, d_head)``, the projected encoder
-            output for cross-attention, or ``None``.
+        memory_keys, memory_values: ``(batch, h_kv, S_src, d_head)``, the projected encoder
+            output for cross-attention, or ``None`` (:meth:`memory`).
+        positions: ``(S,)`` or ``(batch, S)`` integer positions of the kept keys, kept only for
+            attention that needs them after the keys are cached (ALiBi's distances), or
+            ``None``. Not counted in :attr:`nbytes`, which counts keys and values.
+
+    One layer cache holds keys and values, or a latent, never both: the two kinds of
+    attention cannot share the tokens' history, and each refuses a cache the other filled.
     """
 
     def __init__(self, window: int | None = None):
-        bad = isinstance(window, bool) or not isinstance(window, (int, type(None)))
-        if bad or (window is not None and window < 1):
-            raise ValueError(f"window must be None or an int >= 1, got {window!r}")
+        check_int("window", window, 1, optional=True)
         self.window = window
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
@@ -68,13 +74,19 @@ class LayerCache:
         self.length = 0
         self.memory_keys: torch.Tensor | None = None
         self.memory_values: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the keys and values of new tokens.
 
         Args:
             k: ``(batch, h_kv, T, d_head)``, the ``T`` new tokens' keys.
             v: ``(batch, h_kv, T, d_v)``, their values.
+            positions: ``None``, or the new tokens' integer positions ``(T,)`` or
+                ``(batch, T)``, kept beside the keys in :attr:`positions` (pass them at
+                every call or at none).
 
         Returns:
             ``(keys, values)`` ``(batch, h_kv, S + T, ...)``: the kept ones followed by
@@ -83,6 +95,7 @@ class LayerCache:
             queries still get all, since the first of ``T`` new tokens needs older keys
             than the last one. Mask them with ``causal_mask(T, S + T, window=window)``.)
         """
+        self._refuse_mixing("keys and values", self.latent, "a latent")
         _check_new("k", k, 4, self.keys)
         _check_new("v", v, 4, self.values)
         if k.shape[:3] != v.shape[:3]:
@@ -90,19 +103,43 @@ class LayerCache:
                 f"k and v need the same (batch, h_kv, T), got k {tuple(k.shape)}, "
                 f"v {tuple(v.shape)}"
             )
+        if (positions is None) != (self.positions is None) and self.keys is not None:
+            raise ValueError(
+                "positions must be passed at every update of a cache or at none: this cache "
+                f"holds {'no ' if self.positions is None else ''}positions of its keys"
+            )
+        if positions is not None:
+            self.positions = self._trim(_append_positions(self.positions, positions), dim=-1)
         keys, values = _append(self.keys, k, dim=2), _append(self.values, v, dim=2)
         self.keys, self.values = self._trim(keys, dim=2), self._trim(values, dim=2)
         self.length += k.size(2)
         return keys, values
 
+    def memory(self, project) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention's keys and values of the encoder output: ``project()`` gives
+        them ``(batch, h_kv, S_src, d_head)`` on the first call and they are kept in
+        :attr:`memory_keys`/:attr:`memory_values`; later calls return the kept ones."""
+        if self.memory_keys is None:
+            self.memory_keys, self.memory_values = project()
+        return self.memory_keys, self.memory_values
+
     def update_latent(self, c: torch.Tensor) -> torch.Tensor:
         """Add the latents ``(batch, T, d_latent)`` of new tokens (latent attention);
         return all kept ones followed by the new ones, as :meth:`update` does."""
+        self._refuse_mixing("a latent", self.keys, "keys and values")
         _check_new("c", c, 3, self.latent)
         latent = _append(self.latent, c, dim=1)
         self.latent = self._trim(latent, dim=1)
         self.length += c.size(1)
         return latent
+
+    def _refuse_mixing(self, new: str, held: torch.Tensor | None, kind: str) -> None:
+        if held is not None:
+            raise ValueError(
+                f"this LayerCache holds {kind} of {self.length} tokens; it cannot take {new} "
+                "as well: one cache per kind of attention (keys and values for multi-head "
+                "attention, a latent for latent attention)"
+            )
 
     def _trim(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         if self.window is None or x.size(dim) <= self.window:
@@ -153,8 +190,7 @@ class KVCache:
     """
 
     def __init__(self, num_layers: int, window: int | None = None):
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
+        check_int("num_layers", num_layers, 1)
         self.layers = [LayerCache(window) for _ in range(num_layers)]
 
     @property
@@ -184,6 +220,15 @@ class KVCache:
 
 def _append(old: torch.Tensor | None, new: torch.Tensor, dim: int) -> torch.Tensor:
     return new if old is None else torch.cat([old, new], dim=dim)
+
+
+def _append_positions(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """Positions ``(S,)`` while every update gave one row for the whole batch, else
+    ``(batch, S)``."""
+    if old is not None and old.dim() != new.dim():
+        batch = old.size(0) if old.dim() == 2 else new.size(0)
+        old, new = old.expand(batch, -1), new.expand(batch, -1)
+    return _append(old, new, dim=-1)
 
 
 def _check_new(name: str, new: torch.Tensor, dims: int, old: torch.Tensor | None) -> None:

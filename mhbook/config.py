@@ -16,8 +16,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import check_bool, check_choice, check_int, check_number
+
 __all__ = [
     "POSITIONS",
+    "NORMS",
+    "FFNS",
     "ModelConfig",
     "DataConfig",
     "TrainConfig",
@@ -31,55 +35,69 @@ __all__ = [
 #: queries and keys; ``"alibi"`` adds a distance penalty to the scores; ``"none"``.
 POSITIONS = ("sinusoidal", "rope", "alibi", "none")
 
+#: The normalisations: LayerNorm (the paper, GPT-2) or RMSNorm (Llama, Mistral, Gemma).
+NORMS = ("layer", "rms")
 
-def _check_int(owner: str, name: str, value: Any, minimum: int, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        allowed = " or None" if optional else ""
-        raise ValueError(
-            f"{owner}.{name} must be an int >= {minimum}{allowed}, got {value!r} "
-            f"({type(value).__name__})"
-        )
+#: The feed-forward networks: ``W_2 act(W_1 x)`` with ReLU (the paper) or GELU (BERT,
+#: GPT-2), or the gated SwiGLU ``W_down (silu(W_gate x) * W_up x)`` (Llama, Mistral).
+FFNS = ("relu", "gelu", "swiglu")
 
 
-def _check_float(owner: str, name: str, value: Any, low: float, high: float | None) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and value >= low and (high is None or value < high)
-    if not ok:
-        limit = f"in [{low}, {high})" if high is not None else f">= {low}"
-        raise ValueError(f"{owner}.{name} must be a number {limit}, got {value!r}")
+class _Replace:
+    """``replace(**changes)``: a copy with some fields changed, checked again."""
 
-
-def _check_bool(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
+    def replace(self, **changes: Any):
+        """A copy with some fields changed, e.g. ``config.replace(num_kv_heads=1)``; the
+        copy is checked as a new config is."""
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """The shape of a Transformer.
+class ModelConfig(_Replace):
+    """The shape of a Transformer: every model of mhbook obeys every field, or refuses
+    a combination it does not build with a ``ValueError`` that names the field.
+
+    The defaults are the book's models as chapters 6 and 9 built them (the 2017 block:
+    post-norm LayerNorm, ReLU, biases, embeddings scaled by ``sqrt(d_model)``). A
+    Llama-style block is ``ModelConfig(norm_first=True, norm="rms", ffn="swiglu",
+    bias=False, position="rope", scale_embeddings=False)``; the field names follow Hugging
+    Face's ``LlamaConfig`` where it has the same idea (``rope_theta``, ``tie_embeddings``
+    for ``tie_word_embeddings``, ``attention_dropout``, ``d_ff`` for ``intermediate_size``).
 
     Attributes:
-        d_model: the width of every token vector.
+        d_model: the width of every token vector (``hidden_size``).
         num_heads: ``h``, attention heads per layer; must divide ``d_model`` unless
             ``head_dim`` is given.
         num_layers: blocks in the encoder and in the decoder (or in a decoder-only stack).
-        d_ff: hidden size of the position-wise feed-forward network.
-        dropout: dropout probability, in ``[0, 1)``, where the paper applies it: on the
-            embeddings plus positions and on every sublayer's output before the residual
-            sum (not on attention weights).
+        d_ff: hidden size of the position-wise feed-forward network; for ``ffn="swiglu"``
+            the gated hidden size (Llama's ``intermediate_size``).
+        dropout: the one dropout of the residual stream, in ``[0, 1)``, where the paper
+            applies it: on the embeddings (plus positions) and on every sublayer's output
+            before the residual sum. Nowhere else.
+        attention_dropout: dropout on the attention weights, in ``[0, 1)`` (Hugging
+            Face's ``attention_dropout``; 0 in the paper).
         norm_first: pre-norm (``True``) or the paper's post-norm (``False``).
-        norm_eps: the layer norms' epsilon.
+        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm), see :data:`NORMS`.
+        norm_eps: the norms' epsilon.
+        ffn: ``"relu"``, ``"gelu"`` or ``"swiglu"``, see :data:`FFNS`.
+        bias: ``True``: biases in every linear layer and LayerNorm; ``False``: none
+            (Llama). ``None`` (the default): the book's models as they have always been,
+            biases everywhere but in the decoder-only model's attention projections.
         num_kv_heads: heads of keys and values (grouped-query attention); ``None`` means
             ``num_heads`` (multi-head attention), 1 is multi-query attention.
             Must divide ``num_heads``.
         position: one of :data:`POSITIONS`.
+        rope_theta: RoPE's base, ``theta_i = rope_theta^(-2i / d_head)``; used with
+            ``position="rope"`` (and latent attention's decoupled RoPE).
         window: a sliding attention window of this many keys; ``None`` = full attention.
         d_latent: size of the key/value latent of multi-head latent attention;
             ``None`` = no latent. At most ``d_model``.
         head_dim: the size of one head, independent of ``num_heads`` (Bhojanapalli et
             al., 2020); ``None`` means ``d_model // num_heads``. Read :attr:`d_head`.
+        tie_embeddings: the output layer shares the token embedding's matrix (Press and
+            Wolf, 2017; ``tie_word_embeddings``).
+        scale_embeddings: multiply the token embeddings by ``sqrt(d_model)``, as the
+            paper does (Llama does not).
     """
 
     d_model: int = 64
@@ -94,20 +112,31 @@ class ModelConfig:
     window: int | None = None
     d_latent: int | None = None
     head_dim: int | None = None
+    norm: str = "layer"
+    ffn: str = "relu"
+    bias: bool | None = None
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    scale_embeddings: bool = True
+    attention_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         me = "ModelConfig"
-        _check_int(me, "d_model", self.d_model, 1)
-        _check_int(me, "num_heads", self.num_heads, 1)
-        _check_int(me, "num_layers", self.num_layers, 0)
-        _check_int(me, "d_ff", self.d_ff, 1)
-        _check_float(me, "dropout", self.dropout, 0.0, 1.0)
-        _check_bool(me, "norm_first", self.norm_first)
-        _check_float(me, "norm_eps", self.norm_eps, 0.0, None)
-        _check_int(me, "num_kv_heads", self.num_kv_heads, 1, optional=True)
-        _check_int(me, "window", self.window, 1, optional=True)
-        _check_int(me, "d_latent", self.d_latent, 1, optional=True)
-        _check_int(me, "head_dim", self.head_dim, 1, optional=True)
+        for name, minimum in (("d_model", 1), ("num_heads", 1), ("num_layers", 0), ("d_ff", 1)):
+            check_int(f"{me}.{name}", getattr(self, name), minimum)
+        for name in ("num_kv_heads", "window", "d_latent", "head_dim"):
+            check_int(f"{me}.{name}", getattr(self, name), 1, optional=True)
+        for name in ("dropout", "attention_dropout"):
+            check_number(f"{me}.{name}", getattr(self, name), 0.0, 1.0)
+        check_number(f"{me}.norm_eps", self.norm_eps, 0.0)
+        check_number(f"{me}.rope_theta", self.rope_theta, 1.0, low_inclusive=False)
+        for name in ("norm_first", "tie_embeddings", "scale_embeddings"):
+            check_bool(f"{me}.{name}", getattr(self, name))
+        if self.bias is not None:
+            check_bool(f"{me}.bias", self.bias)
+        check_choice(f"{me}.position", self.position, POSITIONS)
+        check_choice(f"{me}.norm", self.norm, NORMS)
+        check_choice(f"{me}.ffn", self.ffn, FFNS)
         if self.head_dim is None and self.d_model % self.num_heads != 0:
             raise ValueError(
                 f"ModelConfig.d_model must be divisible by num_heads (or set head_dim): got "
@@ -118,13 +147,20 @@ class ModelConfig:
                 f"ModelConfig.num_heads must be divisible by num_kv_heads: got num_heads="
                 f"{self.num_heads}, num_kv_heads={self.num_kv_heads}"
             )
-        if self.position not in POSITIONS:
-            raise ValueError(
-                f"ModelConfig.position must be one of {POSITIONS}, got {self.position!r}"
-            )
         if self.d_latent is not None and self.d_latent > self.d_model:
             raise ValueError(
                 f"ModelConfig.d_latent must be at most d_model={self.d_model}, got {self.d_latent}"
+            )
+        if self.d_latent is not None and self.num_kv_heads not in (None, self.num_heads):
+            raise ValueError(
+                f"ModelConfig.num_kv_heads={self.num_kv_heads} with d_latent={self.d_latent}: "
+                "latent attention rebuilds a key and a value for every head from its latent; "
+                "leave num_kv_heads None"
+            )
+        if self.position == "rope" and self.d_head % 2 != 0:
+            raise ValueError(
+                f"ModelConfig.position='rope' needs an even head size (RoPE rotates pairs), "
+                f"got d_head={self.d_head}"
             )
 
     @property
@@ -137,9 +173,16 @@ class ModelConfig:
         """The number of key/value heads actually used (``num_kv_heads`` or ``num_heads``)."""
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
+    @property
+    def d_rope(self) -> int:
+        """Latent attention's decoupled RoPE part of each query and key: half a head, as
+        in DeepSeek-V2 (64 next to 128), rounded down to an even size, at least 2; 0
+        unless ``position == "rope"``."""
+        return 2 * max(1, self.d_head // 4) if self.position == "rope" else 0
+
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(_Replace):
     """The number-words task (:class:`mhbook.data.NumberTranslation`).
 
     Attributes:
@@ -156,15 +199,15 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         me = "DataConfig"
-        _check_int(me, "max_number", self.max_number, 0)
-        _check_int(me, "num_train", self.num_train, 1)
-        _check_int(me, "num_valid", self.num_valid, 0)
-        _check_int(me, "num_test", self.num_test, 0)
-        _check_int(me, "seed", self.seed, 0)
+        check_int(f"{me}.max_number", self.max_number, 0)
+        check_int(f"{me}.num_train", self.num_train, 1)
+        check_int(f"{me}.num_valid", self.num_valid, 0)
+        check_int(f"{me}.num_test", self.num_test, 0)
+        check_int(f"{me}.seed", self.seed, 0)
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(_Replace):
     """How :func:`mhbook.train.fit` trains: Adam, warm-up then cosine decay, clipping.
 
     The defaults are the book's: every chapter that calls ``fit`` without a config trains
@@ -198,18 +241,18 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         me = "TrainConfig"
-        _check_int(me, "num_steps", self.num_steps, 1)
-        _check_int(me, "batch_size", self.batch_size, 1)
-        _check_float(me, "lr", self.lr, 0.0, None)
-        _check_int(me, "warmup_steps", self.warmup_steps, 0)
-        _check_float(me, "min_lr_ratio", self.min_lr_ratio, 0.0, 1.000001)
-        _check_float(me, "weight_decay", self.weight_decay, 0.0, None)
+        check_int(f"{me}.num_steps", self.num_steps, 1)
+        check_int(f"{me}.batch_size", self.batch_size, 1)
+        check_number(f"{me}.lr", self.lr, 0.0)
+        check_int(f"{me}.warmup_steps", self.warmup_steps, 0)
+        check_number(f"{me}.min_lr_ratio", self.min_lr_ratio, 0.0, 1.000001)
+        check_number(f"{me}.weight_decay", self.weight_decay, 0.0)
         if self.clip_norm is not None:
-            _check_float(me, "clip_norm", self.clip_norm, 0.0, None)
-        _check_float(me, "label_smoothing", self.label_smoothing, 0.0, 1.0)
-        _check_int(me, "eval_every", self.eval_every, 0)
-        _check_int(me, "seed", self.seed, 0)
-        _check_int(me, "num_threads", self.num_threads, 1, optional=True)
+            check_number(f"{me}.clip_norm", self.clip_norm, 0.0)
+        check_number(f"{me}.label_smoothing", self.label_smoothing, 0.0, 1.0)
+        check_int(f"{me}.eval_every", self.eval_every, 0)
+        check_int(f"{me}.seed", self.seed, 0)
+        check_int(f"{me}.num_threads", self.num_threads, 1, optional=True)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from typing import NamedTuple
 import torch
 from num2words import num2words
 
+from .checks import check_int
+
 __all__ = [
     "english_words",
     "french_words",
@@ -389,8 +391,7 @@ def _check_batches(split: str, batch_size: int, shuffle: bool | None) -> tuple[s
     """The checked ``split`` and ``shuffle`` of ``batches``: by default only ``"train"``
     is shuffled."""
     split = _check_split(split)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_int("batch_size", batch_size)
     return split, (split == "train") if shuffle is None else shuffle
 
 

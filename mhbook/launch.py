@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime
 import math
 import multiprocessing.connection
-import numbers
 import pickle
 import signal
 import time
@@ -29,6 +28,8 @@ import traceback
 from typing import Callable
 
 import torch
+
+from .checks import check_int, check_number
 
 __all__ = ["WorkerError", "default_backend", "run"]
 
@@ -143,15 +144,9 @@ def _check_arguments(fn, world_size, timeout, threads) -> None:
             "so define it at the top level of an importable module, e.g. a .py file beside the "
             "notebook or mhbook.parallel"
         )
-    for name, value in (("world_size", world_size), ("threads", threads)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})")
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, numbers.Real)
-        or not 0 < timeout < math.inf  # also False for NaN
-    ):
-        raise ValueError(f"timeout must be a finite number > 0 (seconds), got {timeout!r}")
+    check_int("world_size", world_size)
+    check_int("threads", threads)
+    check_number("timeout", timeout, 0.0, math.inf, low_inclusive=False)  # in seconds
 
 
 def _collect(processes, receivers, backend: str, timeout: float) -> list:

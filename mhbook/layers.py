@@ -1,14 +1,28 @@
-"""The small layers a Transformer block is made of: positional encoding,
-the position-wise feed-forward network, and add & norm."""
+"""The small layers a Transformer block is made of: positional encoding, the
+feed-forward networks (ReLU or GELU, and Llama's SwiGLU), the norms (LayerNorm and
+RMSNorm) and add & norm around a sublayer; ``make_norm`` and ``make_ffn`` build the ones
+a :class:`mhbook.ModelConfig` names."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["sinusoidal_encoding", "PositionalEncoding", "PositionWiseFFN", "AddNorm"]
+from .checks import check_choice
+
+__all__ = [
+    "sinusoidal_encoding",
+    "PositionalEncoding",
+    "PositionWiseFFN",
+    "SwiGLU",
+    "RMSNorm",
+    "AddNorm",
+    "make_norm",
+    "make_ffn",
+]
 
 
 def _drop(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
@@ -91,41 +105,130 @@ class PositionalEncoding(nn.Module):
 
 
 class PositionWiseFFN(nn.Module):
-    """The same two-layer MLP applied at every position: ``W_2 relu(W_1 x + b_1) + b_2``.
+    """The same two-layer MLP applied at every position: ``W_2 act(W_1 x + b_1) + b_2``.
 
     ``(batch, L, d_model)`` -> ``(batch, L, d_model)``, hidden size ``d_ff``.
+
+    Args:
+        activation: ``"relu"`` (the paper) or ``"gelu"`` (BERT, GPT-2; the exact GELU).
+        bias: whether ``linear1`` and ``linear2`` have biases.
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.dropout = nn.Dropout(dropout)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        check_choice("activation", activation, ("relu", "gelu"))
+        self.activation = activation
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(_drop(self.dropout, torch.relu(self.linear1(x))))
+        hidden = self.linear1(x)
+        hidden = torch.relu(hidden) if self.activation == "relu" else F.gelu(hidden)
+        return self.linear2(hidden)
+
+    def extra_repr(self) -> str:
+        return "" if self.activation == "relu" else f"activation={self.activation!r}"
+
+
+class SwiGLU(nn.Module):
+    """The gated feed-forward network of Llama and Mistral (Shazeer, 2020)::
+
+        SwiGLU(x) = W_down (silu(W_gate x) * W_up x),   silu(z) = z * sigmoid(z)
+
+    ``(batch, L, d_model)`` -> ``(batch, L, d_model)``; ``d_ff`` is the gated hidden size
+    (Llama's ``intermediate_size``). Three matrices instead of two: at the same number of
+    parameters ``d_ff`` is two thirds of a ReLU network's.
+
+    Attributes:
+        W_gate, W_up: ``nn.Linear(d_model, d_ff)`` (Hugging Face's ``gate_proj``,
+            ``up_proj``). W_down: ``nn.Linear(d_ff, d_model)`` (``down_proj``).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False):
+        super().__init__()
+        self.W_gate = nn.Linear(d_model, d_ff, bias=bias)
+        self.W_up = nn.Linear(d_model, d_ff, bias=bias)
+        self.W_down = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.W_down(F.silu(self.W_gate(x)) * self.W_up(x))
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation (Zhang and Sennrich, 2019), as Llama uses it::
+
+        RMSNorm(x) = weight * x / sqrt(mean(x^2) + eps)
+
+    LayerNorm without the mean and without a bias. Written out by hand for teaching, the
+    way Llama's reference code and Hugging Face's ``LlamaRMSNorm`` compute it: in float32
+    whatever the input's dtype, then cast back before the weight (so a float64 model
+    gives the same numbers as ``transformers``; ``nn.RMSNorm`` would compute in float64).
+
+    ``(..., d_model)`` -> ``(..., d_model)``.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+def make_norm(config) -> nn.Module:
+    """The normalisation ``config.norm`` names, of width ``config.d_model``: a
+    ``nn.LayerNorm`` (with a bias unless ``config.bias is False``) or an :class:`RMSNorm`."""
+    if config.norm == "rms":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, config.norm_eps, bias=config.bias is not False)
+
+
+def make_ffn(config) -> nn.Module:
+    """The feed-forward network ``config.ffn`` names: a :class:`PositionWiseFFN` with
+    ReLU or GELU, or a :class:`SwiGLU`; biases unless ``config.bias is False``."""
+    bias = config.bias is not False
+    if config.ffn == "swiglu":
+        return SwiGLU(config.d_model, config.d_ff, bias=bias)
+    return PositionWiseFFN(config.d_model, config.d_ff, config.ffn, bias=bias)
 
 
 class AddNorm(nn.Module):
-    """A residual connection around ``sublayer`` with layer normalisation.
+    """A residual connection around ``sublayer`` with normalisation.
 
     Post-norm (the original paper, ``norm_first=False``)::
 
-        x = LayerNorm(x + Dropout(sublayer(x)))
+        x = Norm(x + Dropout(sublayer(x)))
 
     Pre-norm (``norm_first=True``, easier to train deep)::
 
-        x = x + Dropout(sublayer(LayerNorm(x)))
+        x = x + Dropout(sublayer(Norm(x)))
+
+    Args:
+        d_model, dropout, norm_first, eps: the residual's width, its dropout, where the
+            norm goes and a LayerNorm's epsilon.
+        norm: the normalisation module; default ``nn.LayerNorm(d_model, eps)``.
 
     Shapes: ``(batch, L, d_model)`` in and out.
     """
 
     def __init__(
-        self, d_model: int, dropout: float = 0.0, norm_first: bool = False, eps: float = 1e-5
+        self,
+        d_model: int,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        eps: float = 1e-5,
+        *,
+        norm: nn.Module | None = None,
     ):
         super().__init__()
         self.norm_first = norm_first
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = nn.LayerNorm(d_model, eps=eps) if norm is None else norm
         self.dropout = nn.Dropout(dropout)
 
     def forward(

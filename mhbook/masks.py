@@ -11,10 +11,11 @@ shape is ``(batch, num_heads, num_queries, num_keys)``.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import torch
+
+from .checks import check_int
 
 __all__ = ["padding_mask", "causal_mask", "check_mask"]
 
@@ -47,7 +48,7 @@ def padding_mask(valid_lens: torch.Tensor, num_keys: int) -> torch.Tensor:
         )
     if valid_lens.is_floating_point() or valid_lens.is_complex() or valid_lens.dtype == torch.bool:
         raise TypeError(f"valid_lens must hold integer lengths, got dtype {valid_lens.dtype}")
-    _check_count("num_keys", num_keys)
+    check_int("num_keys", num_keys, 0)
     if valid_lens.device.type == "cpu" and valid_lens.numel() > 0:
         low, high = (int(t) for t in torch.aminmax(valid_lens))
         if low < 0 or high > num_keys:
@@ -88,12 +89,12 @@ def causal_mask(
     Returns:
         A bool mask ``(Lq, Lk)``.
     """
-    _check_count("num_queries", num_queries)
+    check_int("num_queries", num_queries, 0)
     if num_keys is None:
         num_keys = num_queries
-    _check_count("num_keys", num_keys)
+    check_int("num_keys", num_keys, 0)
     if window is not None:
-        _check_count("window", window, minimum=1)
+        check_int("window", window, 1)
     if num_keys < num_queries:
         raise ValueError(
             f"a bottom-right causal mask needs num_keys >= num_queries, "
@@ -104,11 +105,6 @@ def causal_mask(
     if window is not None:
         mask = mask.triu(diagonal=num_keys - num_queries - window + 1)
     return mask
-
-
-def _check_count(name: str, value, minimum: int = 0) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def check_mask(

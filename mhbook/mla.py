@@ -41,20 +41,21 @@ head. As there, the up-projections have no bias (a bias would not absorb).
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import nn
 
 from . import attention
 from .cache import LayerCache
-from .masks import check_mask
+from .checks import check_features, check_int, check_number
+from .masks import causal_mask, check_mask
+from .multihead import AttentionLayer
 from .rope import RotaryEmbedding
 
 __all__ = ["MultiHeadLatentAttention"]
 
 
-class MultiHeadLatentAttention(nn.Module):
+class MultiHeadLatentAttention(AttentionLayer):
     """Multi-head latent attention with ``num_heads`` heads over a cached latent.
 
     Args:
@@ -91,6 +92,10 @@ class MultiHeadLatentAttention(nn.Module):
         W_o: ``nn.Linear(num_heads * d_v, d_model)``.
         keep_weights: when ``True``, every forward pass stores its weights
             ``(batch, num_heads, T, S)`` in ``weights`` (see :func:`mhbook.record_attention`).
+        head_mask: ``None`` or ``(num_heads,)``, as in :class:`mhbook.MultiHeadAttention`.
+
+    It is called as :class:`mhbook.MultiHeadAttention` is for self-attention, and returns
+    ``(output, weights or None)``; it has no cross-attention (``key`` must be ``None``).
     """
 
     def __init__(
@@ -111,22 +116,11 @@ class MultiHeadLatentAttention(nn.Module):
         norm_eps: float = 1e-6,
     ):
         super().__init__()
-        sizes = {"d_model": d_model, "num_heads": num_heads, "d_latent": d_latent}
-        optional = {"d_head": d_head, "d_v": d_v, "d_q_latent": d_q_latent}
-        for name, value in {**sizes, **optional, "d_rope": d_rope}.items():
-            if value is None and name in optional:
-                continue
-            minimum = 0 if name == "d_rope" else 1
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, numbers.Integral)
-                or value < minimum
-            ):
-                allowed = " or None" if name in optional else ""
-                raise ValueError(
-                    f"{name} must be an int >= {minimum}{allowed}, got {value!r} "
-                    f"({type(value).__name__})"
-                )
+        for name, value in (("d_model", d_model), ("num_heads", num_heads), ("d_latent", d_latent)):
+            check_int(name, value)
+        for name, value in (("d_head", d_head), ("d_v", d_v), ("d_q_latent", d_q_latent)):
+            check_int(name, value, optional=True)
+        check_int("d_rope", d_rope, 0)
         if d_latent > d_model:
             raise ValueError(
                 f"d_latent must be at most d_model={d_model} (a latent larger than the "
@@ -141,8 +135,7 @@ class MultiHeadLatentAttention(nn.Module):
             )
         if d_rope % 2 != 0:
             raise ValueError(f"d_rope must be even (RoPE rotates pairs), got {d_rope}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        check_number("dropout", dropout, 0.0, 1.0)
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_latent = d_latent
@@ -169,8 +162,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.W_uk = nn.Linear(d_latent, h * self.d_head, bias=False)
         self.W_uv = nn.Linear(d_latent, h * self.d_v, bias=False)
         self.W_o = nn.Linear(h * self.d_v, d_model, bias=bias)
-        self.keep_weights = False
-        self.weights: torch.Tensor | None = None
+        self._init_outputs()
 
     @property
     def d_cache(self) -> int:
@@ -191,7 +183,7 @@ class MultiHeadLatentAttention(nn.Module):
 
         Args:
             x: ``(batch, T, d_model)``.
-            positions: ``(T,)`` the tokens' absolute positions (for ``k_rope``).
+            positions: ``(T,)`` or ``(batch, T)``, the tokens' absolute positions (for ``k_rope``).
         """
         c = self.kv_norm(self.W_dkv(x))
         if not self.d_rope:
@@ -228,49 +220,66 @@ class MultiHeadLatentAttention(nn.Module):
     # -- forward ---------------------------------------------------------------------
     def forward(
         self,
-        x: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         *,
+        is_causal: bool = False,
         positions: torch.Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Self-attention of ``x`` over itself and, with a cache, the cached tokens.
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Self-attention of ``query`` over itself and, with a cache, the cached tokens.
 
         Args:
-            x: ``(batch, T, d_model)``, the ``T`` new tokens.
+            query: ``(batch, T, d_model)``, the ``T`` new tokens.
+            key, value: must be ``None``: latent attention is self-attention.
             mask: bool, broadcastable to ``(batch, num_heads, T, S)``; ``True`` = may
                 attend. ``S`` = cached tokens + ``T``. ``None``: attend to all.
-            positions: LongTensor ``(T,)``, absolute positions of the new tokens (used
-                by RoPE); default ``cache.length + arange(T)`` (``arange(T)`` without a
-                cache).
+            is_causal: also apply :func:`~mhbook.causal_mask` ``(T, S)`` (bottom-right).
+            positions: integer positions of the new tokens (used by RoPE), ``(T,)`` or
+                ``(batch, T)``; default ``cache.length + arange(T)`` (``arange(T)``
+                without a cache).
             cache: a :class:`mhbook.LayerCache`; the new latents are added to it
                 (``cache.update_latent``), and the queries attend to all it holds.
             need_weights: also return the weights ``(batch, num_heads, T, S)``.
 
         Returns:
-            ``(batch, T, d_model)``, or ``(output, weights)`` when ``need_weights``.
+            ``(output, weights)``: ``(batch, T, d_model)`` and the weights when
+            ``need_weights``, else ``None``.
         """
-        self._check_input(x, cache)
+        if key is not None or value is not None:
+            raise ValueError(
+                "MultiHeadLatentAttention is self-attention: call it with key=None and "
+                "value=None (keys and values come from the cached latent of query)"
+            )
+        self._check_input(query, cache)
+        x = query
         positions = self._positions(x, positions, cache)
         latent = self.latent(x, positions)  # (B, T, d_latent + d_rope)
         if cache is not None:
             latent = cache.update_latent(latent)  # (B, S, d_latent + d_rope)
         q, q_rope = self.queries(x, positions)
         dropout_p = self.dropout if self.training else 0.0
-        run = self._absorbed if self.absorb else self._naive
-        heads, weights = run(q, q_rope, latent, mask, need_weights or self.keep_weights, dropout_p)
-        if self.keep_weights:
-            self.weights = weights.detach()
-        output = self.W_o(self._merge(heads))
-        return (output, weights) if need_weights else output
+        keep = need_weights or self.keep_weights
+        if self.absorb:
+            if is_causal:  # the absorbed rows (h * T queries) need the mask written out
+                causal = causal_mask(x.size(1), latent.size(1), device=x.device)
+                mask = causal if mask is None else mask & causal
+            heads, weights = self._absorbed(q, q_rope, latent, mask, keep, dropout_p)
+        else:
+            heads, weights = self._naive(q, q_rope, latent, mask, keep, dropout_p, is_causal)
+        return self._heads_out(heads, weights, need_weights)
 
-    def _naive(self, q, q_rope, latent, mask, need_weights, dropout_p):
+    def _naive(self, q, q_rope, latent, mask, need_weights, dropout_p, is_causal=False):
         """Expand keys and values for every head, then multi-head attention."""
         k, v = self.expand(latent)
         if q_rope is not None:
             q = torch.cat([q, q_rope], dim=-1)
-        return attention.attend(q, k, v, mask, need_weights=need_weights, dropout_p=dropout_p)
+        return attention.attend(
+            q, k, v, mask, need_weights=need_weights, dropout_p=dropout_p, is_causal=is_causal
+        )
 
     def _absorbed(self, q, q_rope, latent, mask, need_weights, dropout_p):
         """Attend over the latents themselves: ``W_uk`` on the query side, ``W_uv`` after.
@@ -315,54 +324,13 @@ class MultiHeadLatentAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, size).transpose(1, 2)
 
-    def _merge(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, h, T, d_v)`` -> ``(batch, T, h * d_v)``."""
-        batch, _, length, _ = x.shape
-        return x.transpose(1, 2).reshape(batch, length, self.num_heads * self.d_v)
-
-    def _positions(self, x, positions, cache) -> torch.Tensor:
-        length = x.size(1)
-        if positions is None:
-            start = 0 if cache is None else cache.length
-            return torch.arange(start, start + length, device=x.device)
-        if (
-            not isinstance(positions, torch.Tensor)
-            or positions.shape != (length,)
-            or positions.dtype.is_floating_point
-            or positions.dtype == torch.bool
-        ):
-            got = (
-                f"{tuple(positions.shape)} {positions.dtype}"
-                if isinstance(positions, torch.Tensor)
-                else type(positions).__name__
-            )
-            raise ValueError(f"positions must be an integer tensor of shape ({length},), got {got}")
-        if positions.device != x.device:
-            raise ValueError(f"positions are on {positions.device} but x is on {x.device}")
-        return positions
-
     def _check_input(self, x: torch.Tensor, cache) -> None:
         if cache is not None and not isinstance(cache, LayerCache):
             raise TypeError(
                 f"cache must be None or a mhbook.LayerCache (one layer of a KVCache), "
                 f"got {type(cache).__name__}"
             )
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(
-                f"x must have shape (batch, T, d_model={self.d_model}), got {tuple(x.shape)}"
-            )
-        weight = self.W_dkv.weight
-        if x.device != weight.device:
-            raise ValueError(
-                f"x is on {x.device} but the module is on {weight.device}; move one of them"
-            )
-        if x.dtype != weight.dtype and not _autocasting(x.device):
-            raise TypeError(
-                f"x has dtype {x.dtype} but the module's weights are {weight.dtype}; "
-                f"convert one of them (e.g. x.to({weight.dtype}))"
-            )
+        check_features("query", x, self.d_model, self.W_dkv.weight)
 
     # -- conversion from Hugging Face -------------------------------------------------
     @classmethod
@@ -426,8 +394,3 @@ def _copy_linear(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | N
     linear.weight.copy_(weight)
     if bias is not None:
         linear.bias.copy_(bias)
-
-
-def _autocasting(device: torch.device) -> bool:
-    """Whether autocast is on for ``device``: PyTorch then casts for the matrix products."""
-    return torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)

@@ -1,53 +1,136 @@
-"""Multi-head attention.
+"""Multi-head attention: the one attention layer of mhbook.
 
 Each of the ``h`` heads attends in its own ``d_head``-dimensional subspace:
 
-    head_i = Attention(X_q W_q^i, X_k W_k^i, X_v W_v^i)
+    head_i = Attention(X_q W_q^i, X_k W_k^g(i), X_v W_v^g(i))
     MultiHead(X_q, X_k, X_v) = concat(head_1, ..., head_h) W_o
 
 All heads are computed at once: one ``d_model x (h * d_head)`` matrix ``W_q`` holds
 every ``W_q^i`` side by side, and the result is split into heads with a reshape.
 By default ``d_head = d_model / h``; a fixed ``d_head`` independent of ``h`` avoids the
-low-rank bottleneck of small heads (Bhojanapalli et al., 2020). Keys and values may
-come from inputs of other widths ``kdim`` and ``vdim`` (cross-attention to a memory
-of another width), as in ``nn.MultiheadAttention(..., kdim=, vdim=)``.
+low-rank bottleneck of small heads (Bhojanapalli et al., 2020).
+
+The same layer covers what today's models add:
+
+* fewer key/value heads than query heads, ``num_kv_heads = h_kv``: query head ``i`` uses
+  key/value head ``g(i) = i // (h / h_kv)`` (grouped-query attention, Ainslie et al.,
+  2023; ``h_kv = 1`` is multi-query attention, Shazeer, 2019; ``h_kv = h``, the default,
+  is multi-head attention). The KV cache then holds ``h / h_kv`` times fewer numbers;
+* cross-attention to a memory of other widths ``kdim`` and ``vdim``, as
+  ``nn.MultiheadAttention(..., kdim=, vdim=)``;
+* position inside attention, for self-attention: a rotary embedding of queries and keys
+  (``rope``) or a distance bias on the scores (``alibi``);
+* a KV cache (:class:`mhbook.LayerCache`) that the layer updates itself: with the new
+  tokens' keys and values in self-attention, with the projected memory once in
+  cross-attention.
+
+It always returns ``(output, weights)``, with ``weights`` ``None`` unless asked for, as
+``nn.MultiheadAttention`` and Hugging Face's attention layers do.
 """
 
 from __future__ import annotations
-
-import numbers
 
 import torch
 from torch import nn
 
 from . import attention
+from .cache import LayerCache, _append_positions
+from .checks import check_features, check_int, check_module, check_number, check_positions
 
 __all__ = ["MultiHeadAttention"]
 
-#: For each input: the name of its length and width in the error messages, its projection.
-_INPUTS = {
-    "query": ("length", "d_model", "W_q"),
-    "key": ("Lk", "kdim", "W_k"),
-    "value": ("Lk", "vdim", "W_v"),
-}
+
+class AttentionLayer(nn.Module):
+    """What every attention layer of mhbook does around :func:`mhbook.attend`: the call
+    signature, the default positions, keeping the weights for plots, and ``head_mask``.
+
+    Subclasses set ``num_heads`` and call :meth:`_init_outputs` in ``__init__``.
+    """
+
+    num_heads: int
+
+    def _init_outputs(self) -> None:
+        self.keep_weights = False
+        self.weights: torch.Tensor | None = None
+        self.register_buffer("head_mask", None)
+
+    def _positions(self, x: torch.Tensor, positions, cache: LayerCache | None) -> torch.Tensor:
+        """The new tokens' positions: ``positions`` checked, or ``cache.length + arange(T)``
+        (``arange(T)`` without a cache)."""
+        batch, length = x.shape[:2]
+        if positions is None:
+            start = 0 if cache is None else cache.length
+            return torch.arange(start, start + length, device=x.device)
+        check_positions(positions, batch, length, x.device)
+        return positions
+
+    def _heads_out(
+        self, heads: torch.Tensor, weights: torch.Tensor | None, need_weights: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Keep the weights if asked, scale heads by ``head_mask``, merge, ``W_o``."""
+        if self.keep_weights:
+            self.weights = weights.detach()
+        if self.head_mask is not None:
+            heads = heads * self._checked_head_mask(heads).view(1, -1, 1, 1)
+        return self.W_o(self.merge_heads(heads)), (weights if need_weights else None)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, heads, L, d)`` -> ``(batch, L, heads * d)``: the heads side by side."""
+        batch, heads, length, d = x.shape
+        return x.transpose(1, 2).reshape(batch, length, heads * d)
+
+    def _checked_head_mask(self, heads: torch.Tensor) -> torch.Tensor:
+        mask = self.head_mask
+        if not isinstance(mask, torch.Tensor) or mask.shape != (self.num_heads,):
+            got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"head_mask must be None or of shape ({self.num_heads},), got {got}")
+        if mask.device != heads.device:
+            raise ValueError(
+                f"head_mask is on {mask.device} but the heads are on {heads.device}; "
+                "move it with the module (.to()) or create it on the module's device"
+            )
+        return mask
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A state_dict holds "head_mask" only when one was set. Loading restores that:
+        # make room for a saved mask (the parent method copies it in), drop ours otherwise.
+        saved = state_dict.get(prefix + "head_mask")
+        weight = self.W_o.weight
+        self.head_mask = (
+            None
+            if saved is None
+            else torch.empty(saved.shape, dtype=weight.dtype, device=weight.device)
+        )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention with ``num_heads`` heads of size ``d_head``.
+class MultiHeadAttention(AttentionLayer):
+    """Multi-head attention with ``num_heads`` query heads and ``num_kv_heads`` key/value
+    heads of size ``d_head``.
 
     Args:
         d_model: feature size of the queries and of the output.
-        num_heads: ``h``; must divide ``d_model`` unless ``d_head`` is given.
+        num_heads: ``h``, query heads; must divide ``d_model`` unless ``d_head`` is given.
+        num_kv_heads: ``h_kv``, key/value heads; must divide ``num_heads``. ``None``:
+            ``num_heads`` (multi-head attention); 1: multi-query attention.
         dropout: dropout on the attention weights (training only).
-        bias: whether the four projections have a bias.
+        bias: whether the four projections have a bias (``nn.MultiheadAttention``'s
+            have one, Llama's none).
         d_head: size of one head; ``None`` means ``d_model // num_heads``.
-        kdim: feature size of the keys; ``None`` means ``d_model``.
-        vdim: feature size of the values; ``None`` means ``d_model``.
+        kdim, vdim: feature sizes of the keys' and the values' inputs (cross-attention
+            to a memory of another width); ``None`` means ``d_model``.
+        rope: ``None`` or a module ``rope(x, positions)`` (a :class:`mhbook.RotaryEmbedding`)
+            applied to the queries and keys ``(batch, heads, T, d_head)`` of
+            self-attention after the head split and before the cache: the cache stores
+            rotated keys, as Llama does.
+        alibi: ``None`` or a module ``alibi(q_positions, k_positions)`` (a
+            :class:`mhbook.ALiBi` built for ``num_heads`` heads) that gives a float bias
+            ``(num_heads, T, S)`` added to the scores of self-attention.
 
     Attributes:
         W_q: ``nn.Linear(d_model, num_heads * d_head)``.
-        W_k: ``nn.Linear(kdim, num_heads * d_head)``.
-        W_v: ``nn.Linear(vdim, num_heads * d_head)``.
+        W_k: ``nn.Linear(kdim, num_kv_heads * d_head)``.
+        W_v: ``nn.Linear(vdim, num_kv_heads * d_head)``.
         W_o: ``nn.Linear(num_heads * d_head, d_model)``.
         keep_weights: when ``True``, every forward pass stores its per-head
             weights ``(batch, num_heads, Lq, Lk)`` in ``weights`` (for plots;
@@ -63,213 +146,268 @@ class MultiHeadAttention(nn.Module):
         self,
         d_model: int,
         num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
-        *,
         d_head: int | None = None,
         kdim: int | None = None,
         vdim: int | None = None,
+        rope: nn.Module | None = None,
+        alibi: nn.Module | None = None,
     ):
         super().__init__()
-        optional = {"d_head": d_head, "kdim": kdim, "vdim": vdim}  # None: the default
-        for name, value in {"d_model": d_model, "num_heads": num_heads, **optional}.items():
-            if value is None and name in optional:
-                continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                allowed = " or None" if name in optional else ""
-                raise ValueError(
-                    f"{name} must be a positive int{allowed}, got {value!r} "
-                    f"({type(value).__name__})"
-                )
+        check_int("d_model", d_model)
+        check_int("num_heads", num_heads)
+        for name, value in (("num_kv_heads", num_kv_heads), ("d_head", d_head)):
+            check_int(name, value, optional=True)
+        for name, value in (("kdim", kdim), ("vdim", vdim)):
+            check_int(name, value, optional=True)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads must be divisible by num_kv_heads (each key/value head serves "
+                f"a group of query heads): got num_heads={num_heads}, num_kv_heads="
+                f"{num_kv_heads} (num_heads % num_kv_heads = {num_heads % num_kv_heads})"
+            )
         if d_head is None and d_model % num_heads != 0:
             raise ValueError(
-                f"d_model must be divisible by num_heads: got d_model={d_model}, "
-                f"num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
+                f"d_model must be divisible by num_heads (or give d_head): got d_model="
+                f"{d_model}, num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        check_number("dropout", dropout, 0.0, 1.0)
+        check_module("rope", rope)
+        check_module("alibi", alibi)
+        if alibi is not None and getattr(alibi, "num_heads", num_heads) != num_heads:
+            raise ValueError(
+                f"alibi must give one slope per query head: got an ALiBi of "
+                f"num_heads={alibi.num_heads} for a layer of num_heads={num_heads}"
+            )
         self.d_model = d_model
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
         self.d_head = d_model // num_heads if d_head is None else d_head
         self.kdim = d_model if kdim is None else kdim
         self.vdim = d_model if vdim is None else vdim
         self.dropout = dropout
-        inner = num_heads * self.d_head  # all heads side by side; d_model by default
         # Created in this order (q, k, v, o): seeded initialisation depends on it.
-        self.W_q = nn.Linear(d_model, inner, bias=bias)
-        self.W_k = nn.Linear(self.kdim, inner, bias=bias)
-        self.W_v = nn.Linear(self.vdim, inner, bias=bias)
-        self.W_o = nn.Linear(inner, d_model, bias=bias)
-        self.keep_weights = False
-        self.weights: torch.Tensor | None = None
-        self.register_buffer("head_mask", None)
+        self.W_q = nn.Linear(d_model, num_heads * self.d_head, bias=bias)
+        self.W_k = nn.Linear(self.kdim, num_kv_heads * self.d_head, bias=bias)
+        self.W_v = nn.Linear(self.vdim, num_kv_heads * self.d_head, bias=bias)
+        self.W_o = nn.Linear(num_heads * self.d_head, d_model, bias=bias)
+        self.rope = rope
+        self.alibi = alibi
+        self._init_outputs()
+        # The order of the projections does not change the output, but autograd adds up the
+        # input's gradient in that order, which moves the last bits of a training run. Keys
+        # and values come first, as chapters 4 to 8 trained their models; make_attention
+        # sets this for the decoder-only models of chapters 9 to 12, which were trained
+        # with the queries first, so that every chapter's training stays bit for bit.
+        self._queries_first = False
 
-    # -- splitting and merging heads -------------------------------------------------
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, L, num_heads * d_head)`` -> ``(batch, num_heads, L, d_head)``."""
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head: ``num_heads // num_kv_heads``."""
+        return self.num_heads // self.num_kv_heads
+
+    def extra_repr(self) -> str:
+        kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
+        widths = "".join(
+            f", {name}={getattr(self, name)}"
+            for name in ("kdim", "vdim")
+            if getattr(self, name) != self.d_model
+        )
+        heads = f"num_heads={self.num_heads}{kv}, d_head={self.d_head}"
+        return f"d_model={self.d_model}, {heads}{widths}"
+
+    # -- splitting heads (merge_heads: AttentionLayer's) -------------------------------
+    def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """``(batch, L, heads * d_head)`` -> ``(batch, heads, L, d_head)``; ``heads``
+        defaults to ``num_heads`` (pass ``num_kv_heads`` for keys and values)."""
         batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.d_head).transpose(1, 2)
+        heads = self.num_heads if heads is None else heads
+        return x.view(batch, length, heads, self.d_head).transpose(1, 2)
 
-    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, num_heads, L, d_head)`` -> ``(batch, L, num_heads * d_head)``."""
-        batch, _, length, _ = x.shape
-        return x.transpose(1, 2).reshape(batch, length, self.num_heads * self.d_head)
-
-    # -- forward() and its two halves, used separately by the KV cache ----------------
+    # -- forward ---------------------------------------------------------------------
     def forward(
         self,
         query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
-        need_weights: bool = False,
+        *,
         is_causal: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Multi-head attention of ``query`` over ``key``/``value``.
+        positions: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of ``query`` over ``key``/``value``, or over itself.
 
         Args:
-            query: ``(batch, Lq, d_model)``.
-            key: ``(batch, Lk, kdim)``.
-            value: ``(batch, Lk, vdim)``.
-            mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
+            query: ``(batch, T, d_model)``.
+            key: ``(batch, S, kdim)``: cross-attention to this memory. ``None``:
+                self-attention, keys and values come from ``query``.
+            value: ``(batch, S, vdim)``; ``None``: ``key``.
+            mask: bool, broadcastable to ``(batch, num_heads, T, S)``; ``True`` = may
+                attend. With a cache in self-attention ``S`` counts the kept tokens too.
+            is_causal: also apply :func:`~mhbook.causal_mask` ``(T, S)``, aligned
+                bottom-right, without building it where the fused kernel can skip it
+                (see :func:`mhbook.attend`).
+            positions: integer positions of the ``T`` new tokens for ``rope`` and
+                ``alibi``, ``(T,)`` or ``(batch, T)`` (one row per sequence, e.g. a
+                left-padded batch, Hugging Face's ``position_ids``); default
+                ``cache.length + arange(T)``, or ``arange(T)`` without a cache.
+            cache: ``None``, or this layer's :class:`mhbook.LayerCache`. In
+                self-attention the new tokens' keys and values are added to it and the
+                queries attend to all it holds. In cross-attention the memory is
+                projected into it on the first call; later calls reuse those keys and
+                values (keep ``key`` the same).
             need_weights: also return the per-head weights (explicit path).
-            is_causal: also apply :func:`~mhbook.causal_mask` ``(Lq, Lk)``, without
-                building it where the fused kernel can skip it (see :func:`mhbook.attend`).
 
         Returns:
-            Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
-            ``(batch, num_heads, Lq, Lk)`` when ``need_weights``.
+            ``(output, weights)``: output ``(batch, T, d_model)``; weights
+            ``(batch, num_heads, T, S)`` when ``need_weights``, else ``None``.
         """
-        self._check_inputs(query=query, key=key, value=value)
-        k, v = self._project_kv(key, value)
-        return self._attend(query, k, v, mask, need_weights, is_causal)
-
-    def project_kv(
-        self, key: torch.Tensor, value: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Project keys and values and split them into heads.
-
-        Args:
-            key: ``(batch, Lk, kdim)``.
-            value: ``(batch, Lk, vdim)``.
-
-        Returns:
-            ``(k, v)``, each ``(batch, num_heads, Lk, d_head)``. A KV cache stores these.
-        """
-        self._check_inputs(key=key, value=value)
-        return self._project_kv(key, value)
-
-    def attend(
-        self,
-        query: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        is_causal: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Project the queries and attend to already projected keys and values.
-
-        Args:
-            query: ``(batch, Lq, d_model)``.
-            k, v: ``(batch, num_heads, Lk, d_head)`` from :meth:`project_kv`.
-            mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
-            need_weights: also return the per-head weights.
-            is_causal: also apply :func:`~mhbook.causal_mask` ``(Lq, Lk)`` (see :meth:`forward`).
-
-        Returns:
-            Output ``(batch, Lq, d_model)``, or ``(output, weights)`` with weights
-            ``(batch, num_heads, Lq, Lk)`` when ``need_weights``.
-        """
-        self._check_inputs(query=query)
-        return self._attend(query, k, v, mask, need_weights, is_causal)
-
-    def _project_kv(self, key, value):
-        return self.split_heads(self.W_k(key)), self.split_heads(self.W_v(value))
-
-    def _attend(self, query, k, v, mask, need_weights, is_causal=False):
-        q = self.split_heads(self.W_q(query))  # (B, h, Lq, d_head)
-        heads, weights = attention.attend(
+        self_attention = key is None
+        if self_attention and value is not None:
+            raise ValueError("value was given without key: pass both (cross-attention) or neither")
+        self._check_inputs(query, key, value, cache)
+        if value is None:
+            value = key
+        bias = None
+        if self_attention:
+            positions = self._positions(query, positions, cache)
+            if self._queries_first:  # see __init__
+                q = self.split_heads(self.W_q(query))  # (B, h, T, d_head)
+            k, v = self._project_kv(query, query)  # (B, h_kv, T, d_head)
+            if not self._queries_first:
+                q = self.split_heads(self.W_q(query))
+            if self.rope is not None:
+                q, k = self.rope(q, positions), self.rope(k, positions)
+            k_positions = positions
+            if cache is not None:
+                kept_positions = positions if self.alibi is not None else None
+                if kept_positions is not None and cache.positions is not None:
+                    # The kept keys' positions, then the new ones: ALiBi's distances.
+                    k_positions = _append_positions(cache.positions, positions)
+                k, v = cache.update(k, v, kept_positions)  # (B, h_kv, kept + T, d_head)
+            if self.alibi is not None:
+                bias = self._alibi_bias(positions, k_positions, query.dtype)
+        else:
+            if cache is None:
+                k, v = self._project_kv(key, value)
+            else:
+                k, v = cache.memory(lambda: self._project_kv(key, value))
+            q = self.split_heads(self.W_q(query))
+        heads, weights = self.attend_heads(
             q,
             k,
             v,
             mask,
-            # The explicit path materialises the (B, h, Lq, Lk) weights; otherwise
-            # PyTorch's fused kernel runs in O(L) memory.
+            # The explicit path materialises the (B, h, T, S) weights; otherwise
+            # PyTorch's fused kernel runs in O(T) memory.
             need_weights=need_weights or self.keep_weights,
-            dropout_p=self.dropout if self.training else 0.0,
+            bias=bias,
             is_causal=is_causal,
         )
-        if self.keep_weights:
-            self.weights = weights.detach()
-        if self.head_mask is not None:
-            heads = heads * self._checked_head_mask(heads).view(1, -1, 1, 1)
-        output = self.W_o(self.merge_heads(heads))
-        return (output, weights) if need_weights else output
+        return self._heads_out(heads, weights, need_weights)
 
-    def _checked_head_mask(self, heads: torch.Tensor) -> torch.Tensor:
-        mask = self.head_mask
-        if not isinstance(mask, torch.Tensor) or mask.shape != (self.num_heads,):
-            got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise ValueError(f"head_mask must be None or of shape ({self.num_heads},), got {got}")
-        if mask.device != heads.device:
-            raise ValueError(
-                f"head_mask is on {mask.device} but the heads are on {heads.device}; "
-                "move it with the module (.to()) or create it on the module's device"
-            )
-        return mask
-
-    def _check_inputs(self, **inputs: torch.Tensor) -> None:
-        """Check query/key/value: tensors ``(batch, length, d_model)``, ``(batch, Lk, kdim)``
-        and ``(batch, Lk, vdim)`` on the module's device and of its dtype, all with one
-        batch size; key and value of one length."""
-        weight = self.W_q.weight
-        for name, x in inputs.items():
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-            length, size_name, projection = _INPUTS[name]
-            # The width its projection takes (a subclass may build them without __init__).
-            size = getattr(self, projection).in_features
-            if x.dim() != 3 or x.size(-1) != size:
-                raise ValueError(
-                    f"{name} must have shape (batch, {length}, {size_name}={size}), "
-                    f"got {tuple(x.shape)}"
-                )
-            if x.device != weight.device:
-                raise ValueError(
-                    f"{name} is on {x.device} but the module is on {weight.device}; "
-                    f"move one of them (e.g. {name}.to({str(weight.device)!r}))"
-                )
-            if x.dtype != weight.dtype and not _autocasting(x.device):
-                raise TypeError(
-                    f"{name} has dtype {x.dtype} but the module's weights are {weight.dtype}; "
-                    f"convert one of them (e.g. {name}.to({weight.dtype}))"
-                )
-        (first, x0), *rest = inputs.items()
-        for name, x in rest:
-            if x.size(0) != x0.size(0):
-                raise ValueError(
-                    f"{first} and {name} have different batch sizes: {first} "
-                    f"{tuple(x0.shape)}, {name} {tuple(x.shape)}"
-                )
-        key, value = inputs.get("key"), inputs.get("value")
-        if key is not None and value is not None and key.size(1) != value.size(1):
-            raise ValueError(
-                f"key and value need the same length Lk: key {tuple(key.shape)}, "
-                f"value {tuple(value.shape)}"
-            )
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # A state_dict holds "head_mask" only when one was set. Loading restores that:
-        # make room for a saved mask (the parent method copies it in), drop ours otherwise.
-        saved = state_dict.get(prefix + "head_mask")
-        weight = self.W_q.weight
-        self.head_mask = (
-            None
-            if saved is None
-            else torch.empty(saved.shape, dtype=weight.dtype, device=weight.device)
+    def attend_heads(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        need_weights: bool = False,
+        bias: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The heads' attention: :func:`mhbook.attend` of the projected, split ``q``
+        ``(batch, h, T, d_head)`` over ``k``, ``v`` ``(batch, h_kv, S, d_head)``, with
+        this layer's dropout in training. Returns ``(heads, weights or None)``, heads
+        ``(batch, h, T, d_head)``. A subclass overrides it to score differently (chapter
+        6's additive attention)."""
+        dropout_p = self.dropout if self.training else 0.0
+        return attention.attend(
+            q,
+            k,
+            v,
+            mask,
+            need_weights=need_weights,
+            dropout_p=dropout_p,
+            bias=bias,
+            is_causal=is_causal,
         )
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def project_kv(
+        self, key: torch.Tensor, value: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention's keys and values of a memory: ``key`` ``(batch, S, kdim)`` and
+        ``value`` ``(batch, S, vdim)`` (default ``key``) projected by ``W_k`` and ``W_v``
+        and split into ``(batch, num_kv_heads, S, d_head)`` each: what a cache keeps as
+        ``memory_keys`` and ``memory_values``."""
+        weight = self.W_k.weight
+        layout = "(batch, S, {size_name}={size})"
+        check_features("key", key, self.kdim, weight, layout=layout, size_name="kdim")
+        value = key if value is None else value
+        check_features("value", value, self.vdim, weight, layout=layout, size_name="vdim")
+        return self._project_kv(key, value)
+
+    def _project_kv(self, key, value) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            self.split_heads(self.W_k(key), self.num_kv_heads),
+            self.split_heads(self.W_v(value), self.num_kv_heads),
+        )
+
+    def _alibi_bias(self, q_positions, k_positions, dtype) -> torch.Tensor:
+        """ALiBi's bias ``(num_heads, T, S)``, or ``(batch, num_heads, T, S)`` for
+        positions of one row per sequence."""
+        if q_positions.dim() == 1 and k_positions.dim() == 2:
+            q_positions = q_positions.expand(k_positions.size(0), -1)
+        if q_positions.dim() == 2 and k_positions.dim() == 1:
+            k_positions = k_positions.expand(q_positions.size(0), -1)
+        return self.alibi(q_positions, k_positions).to(dtype)
+
+    def _check_inputs(self, query, key, value, cache) -> None:
+        """Query, key and value: ``(batch, length, width)`` tensors on the module's device
+        and of its dtype, with one batch size; key and value of one length."""
+        weight = self.W_q.weight
+        check_features("query", query, self.W_q.in_features, weight)
+        if key is None:
+            if (self.kdim, self.vdim) != (self.d_model, self.d_model):
+                raise ValueError(
+                    f"self-attention (key=None) needs kdim == vdim == d_model={self.d_model}, "
+                    f"got kdim={self.kdim}, vdim={self.vdim}: pass the memory as key"
+                )
+        else:
+            if isinstance(key, torch.Tensor) and key.dtype == torch.bool:
+                raise TypeError("key is a bool tensor: pass a mask as mask=, after key and value")
+            if self.rope is not None or self.alibi is not None:
+                raise ValueError(
+                    "rope and alibi position the queries and keys of self-attention: "
+                    "call with key=None (cross-attention has no shared positions)"
+                )
+            layout = "(batch, S, {size_name}={size})"
+            check_features("key", key, self.kdim, weight, layout=layout, size_name="kdim")
+            if value is not None:
+                check_features("value", value, self.vdim, weight, layout=layout, size_name="vdim")
+            for name, x in (("key", key), ("value", value)):
+                if x is not None and x.size(0) != query.size(0):
+                    raise ValueError(
+                        f"query and {name} have different batch sizes: query "
+                        f"{tuple(query.shape)}, {name} {tuple(x.shape)}"
+                    )
+            if value is not None and key.size(1) != value.size(1):
+                raise ValueError(
+                    f"key and value need the same length S: key {tuple(key.shape)}, "
+                    f"value {tuple(value.shape)}"
+                )
+        if cache is not None and not isinstance(cache, LayerCache):
+            raise TypeError(
+                f"cache must be None or a mhbook.LayerCache (one layer of a KVCache), "
+                f"got {type(cache).__name__}"
+            )
 
     # -- conversion to and from PyTorch ---------------------------------------------
     @classmethod
@@ -309,13 +447,23 @@ class MultiHeadAttention(nn.Module):
 
     def to_torch(self) -> nn.MultiheadAttention:
         """An ``nn.MultiheadAttention(..., batch_first=True, kdim=, vdim=)`` with the same
-        weights. PyTorch's heads are ``embed_dim // num_heads`` wide, so ``num_heads *
-        d_head`` must equal ``d_model``."""
-        if self.num_heads * self.d_head != self.d_model:
+        weights. PyTorch's layer has as many key/value heads as query heads, heads of
+        ``embed_dim // num_heads``, no positions inside attention and no head mask: a
+        layer with any of these raises a ``ValueError`` naming it."""
+        problems = {
+            "num_kv_heads": self.num_kv_heads != self.num_heads,
+            "d_head": self.num_heads * self.d_head != self.d_model,
+            "rope": self.rope is not None,
+            "alibi": self.alibi is not None,
+            "head_mask": self.head_mask is not None,
+        }
+        wrong = [name for name, bad in problems.items() if bad]
+        if wrong:
             raise ValueError(
-                "nn.MultiheadAttention needs num_heads * d_head == d_model (its heads are "
-                f"embed_dim // num_heads wide): got num_heads={self.num_heads} * "
-                f"d_head={self.d_head} = {self.num_heads * self.d_head}, d_model={self.d_model}"
+                f"nn.MultiheadAttention cannot express this layer's {', '.join(wrong)} "
+                f"(num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"d_head={self.d_head}, d_model={self.d_model}; it needs num_kv_heads == "
+                "num_heads, num_heads * d_head == d_model, no rope, alibi or head_mask)"
             )
         bias = self.W_q.bias is not None
         w = self.W_q.weight
@@ -325,8 +473,8 @@ class MultiHeadAttention(nn.Module):
             dropout=self.dropout,
             bias=bias,
             batch_first=True,
-            kdim=self.W_k.in_features,
-            vdim=self.W_v.in_features,
+            kdim=self.kdim,
+            vdim=self.vdim,
         ).to(w.device, w.dtype)
         with torch.no_grad():
             if m._qkv_same_embed_dim:
@@ -343,7 +491,51 @@ class MultiHeadAttention(nn.Module):
                 m.out_proj.bias.copy_(self.W_o.bias)
         return m
 
+    # -- conversion from Hugging Face ------------------------------------------------
+    @classmethod
+    def from_hf(cls, m: nn.Module) -> MultiHeadAttention:
+        """Copy a Hugging Face ``LlamaAttention`` or ``MistralAttention`` (``transformers``
+        5): same weights, same outputs, with a :class:`mhbook.RotaryEmbedding` of the
+        model's ``rope_theta``.
 
-def _autocasting(device: torch.device) -> bool:
-    """Whether autocast is on for ``device``: PyTorch then casts for the matrix products."""
-    return torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)
+        Mistral's sliding window is not a property of the layer, in ``transformers`` as
+        here: it is in the mask (``causal_mask(T, S, window=config.sliding_window)``).
+        Only the default RoPE is copied; a scaled one (``rope_type`` other than
+        ``"default"``) raises a ``ValueError``.
+        """
+        from .rope import RotaryEmbedding
+
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj", "config", "head_dim"):
+            if not hasattr(m, name):
+                raise TypeError(
+                    f"expected a Hugging Face LlamaAttention or MistralAttention, got "
+                    f"{type(m).__name__} (it has no {name})"
+                )
+        config = m.config
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(
+                f"only the default RoPE is copied, got rope_type={rope.get('rope_type')!r}"
+            )
+        bias = m.q_proj.bias is not None
+        if (m.o_proj.bias is not None) != bias:
+            raise ValueError(
+                "mhbook's layer has biases in all four projections or in none; this one has "
+                f"q_proj bias {bias}, o_proj bias {m.o_proj.bias is not None}"
+            )
+        weight = m.q_proj.weight
+        ours = cls(
+            config.hidden_size,
+            config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
+            bias=bias,
+            d_head=m.head_dim,
+            rope=RotaryEmbedding(m.head_dim, float(rope.get("rope_theta", 10000.0))),
+        ).to(weight.device, weight.dtype)
+        with torch.no_grad():
+            for mine, theirs in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj")):
+                getattr(ours, mine).load_state_dict(getattr(m, theirs).state_dict())
+            ours.W_o.load_state_dict(m.o_proj.state_dict())
+        ours.train(m.training)
+        return ours

@@ -27,7 +27,6 @@ communicated against the FLOPs computed.
 from __future__ import annotations
 
 import contextlib
-import numbers
 from typing import NamedTuple
 
 import torch
@@ -35,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import attention
+from .checks import check_int
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention
 
@@ -156,20 +156,15 @@ def reduce_from_parallel(x: torch.Tensor, group=None) -> torch.Tensor:
 def head_slice(num_heads: int, rank: int, world_size: int) -> slice:
     """The heads rank ``rank`` of ``world_size`` owns: ``num_heads / world_size`` of them in
     a row. Raises ``ValueError`` unless ``world_size`` divides ``num_heads``."""
-    for name, value in {"num_heads": num_heads, "world_size": world_size}.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    check_int("num_heads", num_heads)
+    check_int("world_size", world_size)
     if num_heads % world_size != 0:
         raise ValueError(
             f"num_heads must be divisible by world_size to give every rank whole heads: got "
             f"num_heads={num_heads}, world_size={world_size} "
             f"(num_heads % world_size = {num_heads % world_size})"
         )
-    if (
-        isinstance(rank, bool)
-        or not isinstance(rank, numbers.Integral)
-        or not 0 <= rank < world_size
-    ):
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
     local = num_heads // world_size
     return slice(rank * local, (rank + 1) * local)
@@ -193,8 +188,9 @@ class TensorParallelMultiHeadAttention(nn.Module):
         rank, world_size, group: where this share sits; ``group=None`` is the default group.
     """
 
-    # The checks of MultiHeadAttention (shapes, device, dtype) read only W_q/W_k/W_v.
+    # The checks of MultiHeadAttention (shapes, device, dtype) read only W_q and the widths.
     _check_inputs = MultiHeadAttention._check_inputs
+    rope = alibi = None
 
     def __init__(
         self,
@@ -215,9 +211,10 @@ class TensorParallelMultiHeadAttention(nn.Module):
         # The same checks and defaults as the single-process layer, on the meta device.
         with torch.device("meta"):
             whole = MultiHeadAttention(
-                d_model, num_heads, dropout, bias, d_head=d_head, kdim=kdim, vdim=vdim
+                d_model, num_heads, dropout=dropout, bias=bias, d_head=d_head, kdim=kdim, vdim=vdim
             )
         self.d_model, self.num_heads, self.d_head = d_model, num_heads, whole.d_head
+        self.kdim, self.vdim = whole.kdim, whole.vdim
         self.local_heads = num_heads // world_size
         self.rank, self.world_size, self.group = rank, world_size, group
         self.dropout = dropout
@@ -235,8 +232,7 @@ class TensorParallelMultiHeadAttention(nn.Module):
 
         Every rank calls it with the same ``mha``. ``mha.head_mask`` is sliced too.
         """
-        if not isinstance(mha, MultiHeadAttention):
-            raise TypeError(f"expected mhbook.MultiHeadAttention, got {type(mha).__name__}")
+        _check_splittable(mha)
         w = mha.W_q.weight
         with torch.device("meta"):
             ours = cls(
@@ -313,7 +309,7 @@ class TensorParallelMultiHeadAttention(nn.Module):
         key: torch.Tensor,
         value: torch.Tensor,
         mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, None]:
         """Multi-head attention with this rank's heads; every rank returns the full output.
 
         Args:
@@ -323,9 +319,10 @@ class TensorParallelMultiHeadAttention(nn.Module):
             mask: bool, broadcastable to ``(batch, num_heads, Lq, Lk)``; ``True`` = may attend.
 
         Returns:
-            ``(batch, Lq, d_model)``: equal to the single-process layer's output.
+            ``(output, None)``, as :class:`mhbook.MultiHeadAttention` returns without
+            weights: output ``(batch, Lq, d_model)``, equal to the single-process layer's.
         """
-        self._check_inputs(query=query, key=key, value=value)
+        self._check_inputs(query, key, value, cache=None)
         if self.world_size > 1:
             # f: the identity now, the sum of the ranks' input gradients in the backward
             # pass. Once per distinct tensor: in self-attention query, key and value are one
@@ -338,7 +335,7 @@ class TensorParallelMultiHeadAttention(nn.Module):
         partial = self.partial_forward(query, key, value, mask)
         # g: add up the ranks' partial outputs (the backward pass leaves the gradient as is).
         out = reduce_from_parallel(partial, self.group) if self.world_size > 1 else partial
-        return out if self.W_o.bias is None else out + self.W_o.bias
+        return (out if self.W_o.bias is None else out + self.W_o.bias), None
 
     def extra_repr(self) -> str:
         return (
@@ -401,8 +398,7 @@ def parallelize_heads(mha: MultiHeadAttention, mesh) -> MultiHeadAttention:
         parallelize_module,
     )
 
-    if not isinstance(mha, MultiHeadAttention):
-        raise TypeError(f"expected mhbook.MultiHeadAttention, got {type(mha).__name__}")
+    _check_splittable(mha)
     if mesh.ndim != 1:
         raise ValueError(f"expected a 1-D DeviceMesh, got {mesh.ndim} dimensions")
     heads = head_slice(mha.num_heads, mesh.get_local_rank(), mesh.size())
@@ -415,8 +411,21 @@ def parallelize_heads(mha: MultiHeadAttention, mesh) -> MultiHeadAttention:
     parallelize_module(mha, mesh, plan)
     if mha.head_mask is not None:
         mha.head_mask = mha.head_mask[heads].detach().clone()
-    mha.num_heads = heads.stop - heads.start
+    mha.num_heads = mha.num_kv_heads = heads.stop - heads.start
     return mha
+
+
+def _check_splittable(mha) -> None:
+    """Only plain multi-head attention is split here: as many key/value heads as query
+    heads, no positions inside attention."""
+    if not isinstance(mha, MultiHeadAttention):
+        raise TypeError(f"expected mhbook.MultiHeadAttention, got {type(mha).__name__}")
+    if mha.num_kv_heads != mha.num_heads or mha.rope is not None or mha.alibi is not None:
+        raise ValueError(
+            "tensor parallelism here splits multi-head attention with num_kv_heads == "
+            f"num_heads and no rope or alibi; got num_heads={mha.num_heads}, num_kv_heads="
+            f"{mha.num_kv_heads}, rope={mha.rope is not None}, alibi={mha.alibi is not None}"
+        )
 
 
 # -- what it costs: bytes communicated against FLOPs computed -----------------------------
@@ -453,8 +462,7 @@ def layer_cost(
         "num_heads": num_heads,
         "bytes_per_element": bytes_per_element,
     }.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
     head_slice(num_heads, 0, world_size)  # world_size must divide num_heads
     d_head = d_model // num_heads if d_head is None else d_head
     inner = num_heads * d_head
@@ -548,8 +556,8 @@ def check_tensor_parallel(
 
     def call(layer, leaves):
         if cross:
-            return layer(leaves["query"], leaves["memory"], leaves["memory"], mask)
-        return layer(leaves["x"], leaves["x"], leaves["x"], mask)
+            return layer(leaves["query"], leaves["memory"], leaves["memory"], mask)[0]
+        return layer(leaves["x"], leaves["x"], leaves["x"], mask)[0]
 
     def leaves():
         return {name: t.detach().clone().requires_grad_() for name, t in inputs.items()}

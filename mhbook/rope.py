@@ -27,10 +27,10 @@ The two are the same rotation up to a fixed permutation of the features
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import nn
+
+from .checks import check_bool, check_int, check_number
 
 __all__ = ["RotaryEmbedding", "rope_angles", "interleaved_to_half"]
 
@@ -90,11 +90,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, d_head: int, base: float = 10000.0, *, interleaved: bool = False):
         super().__init__()
         _check_d_head(d_head)
-        ok = isinstance(base, numbers.Real) and not isinstance(base, bool) and base > 1
-        if not ok:
-            raise ValueError(f"base must be a number > 1, got {base!r}")
-        if not isinstance(interleaved, bool):
-            raise TypeError(f"interleaved must be True or False, got {interleaved!r}")
+        check_number("base", base, 1.0, low_inclusive=False)
+        check_bool("interleaved", interleaved)
         self.d_head = d_head
         self.base = float(base)
         self.interleaved = interleaved
@@ -153,7 +150,6 @@ class RotaryEmbedding(nn.Module):
 
 
 def _check_d_head(d_head) -> None:
-    if isinstance(d_head, bool) or not isinstance(d_head, numbers.Integral) or d_head < 2:
-        raise ValueError(f"d_head must be an even int >= 2, got {d_head!r}")
+    check_int("d_head", d_head, 2)
     if d_head % 2 != 0:
         raise ValueError(f"d_head must be even: RoPE rotates features in pairs, got {d_head}")

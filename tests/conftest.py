@@ -1,5 +1,9 @@
-"""Shared fixtures: a dtype parameter with matching tolerances, and a way to compare
-mhbook's parameters (or their gradients) with those of PyTorch's layers."""
+"""Shared fixtures: a dtype parameter with matching tolerances, a way to compare mhbook's
+parameters (or their gradients) with those of PyTorch's layers, and Hugging Face's
+attention layers (Llama, Mistral, DeepSeek-V3) with random weights.
+
+Plain functions and constants the tests import (seeded inputs, the float64 tolerances
+``EXACT`` and ``CLOSE``, Hugging Face's additive masks) are in ``helpers.py``."""
 
 from __future__ import annotations
 
@@ -15,32 +19,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 # make test hands whole files to three xdist workers (--dist loadfile). xdist would order
-# them by their number of tests (--no-loadscope-reorder turns that off); these files take
-# longest, so they start first and the short ones fill the end of the run, where the workers
-# would otherwise wait for one long file. Seconds from `pytest --durations=0` with make
-# test's options on 2 cores (2026-11); the rest keep pytest's order.
-LONGEST_FIRST = {
-    "tests/test_browser.py": 340,  # builds the book, then opens every page in Chromium
-    "chapters/07-why-several-heads.ipynb": 250,
-    "chapters/12-sliding-windows.ipynb": 95,
-    "chapters/06-transformer.ipynb": 95,
-    "chapters/11-position-inside-attention.ipynb": 87,
-    "chapters/10-sharing-keys-and-values.ipynb": 80,
-    "chapters/09-decoder-only.ipynb": 77,
-    "chapters/08-efficient-attention.ipynb": 57,
-    "tests/test_colab.py": 45,
-    "chapters/13-heads-across-devices.ipynb": 34,
-    "tests/test_parallel.py": 31,
-}
+# them by their number of tests (--no-loadscope-reorder turns that off); the longest files
+# start first, so that the short ones fill the end of the run, where the workers would
+# otherwise wait for one long file. How long a file takes is not kept in a table here: a
+# chapter's is that of its own committed run (chapters/conftest.py marks its cells
+# `slow(seconds=...)` from the timestamps nbclient stored), and a slow test file says so
+# itself with `pytestmark = pytest.mark.slow(seconds=...)`. `pytest -m "not slow"` leaves
+# them all out, for a quick run (about a minute on 2 cores).
+
+
+def slow_seconds(item) -> float:
+    """The rough seconds of ``item``'s file: its ``slow`` mark's, or 0."""
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.kwargs.get("seconds", 60))
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Put the files of :data:`LONGEST_FIRST` first, longest first (a stable sort)."""
-
-    def seconds(item) -> float:
-        return LONGEST_FIRST.get(item.path.relative_to(config.rootpath).as_posix(), 0)
-
-    items.sort(key=seconds, reverse=True)
+    """Put the files marked ``slow`` first, longest first (a stable sort)."""
+    items.sort(key=slow_seconds, reverse=True)
 
 
 # float32 keeps about 7 digits; the two sides sum in different orders (fused kernels,
@@ -119,3 +115,99 @@ def assert_same_grads(assert_close):
             assert_close(mine[name], grad, f"gradient of {name}")
 
     return check
+
+
+# -- Hugging Face's attention layers, random weights (nothing is downloaded) ----------------
+# Every one is float64-ready and uses PyTorch's SDPA: transformers' "eager" path takes the
+# softmax in float32, SDPA keeps float64, so that comparisons can be tight (helpers.CLOSE).
+# mhbook's copy of a Llama or Mistral layer is MultiHeadAttention.from_hf(layer); test_multihead
+# checks from_hf against the weights mapped by hand.
+
+
+@pytest.fixture
+def hf_llama_attention():
+    """``make(num_kv_heads, *, d_model=32, num_heads=4, rope_theta=10000.0, bias=False)``
+    gives ``(config, LlamaAttention, LlamaRotaryEmbedding)``: float64, eval mode, the
+    weights of ``torch.manual_seed(0)``."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    def make(num_kv_heads, *, d_model=32, num_heads=4, rope_theta=10000.0, bias=False):
+        config = transformers.LlamaConfig(
+            hidden_size=d_model,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            attention_bias=bias,
+            attention_dropout=0.0,
+            rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+            attn_implementation="sdpa",
+        )
+        torch.manual_seed(0)
+        layer = LlamaAttention(config, layer_idx=0).double().eval()
+        return config, layer, LlamaRotaryEmbedding(config)
+
+    return make
+
+
+@pytest.fixture
+def hf_mistral_attention():
+    """``make(window, *, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8)`` gives
+    ``(config, MistralAttention, MistralRotaryEmbedding)`` with ``sliding_window=window``:
+    float64, eval mode, the weights of ``torch.manual_seed(0)``."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.mistral.modeling_mistral import (
+        MistralAttention,
+        MistralRotaryEmbedding,
+    )
+
+    def make(window, *, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8):
+        config = transformers.MistralConfig(
+            hidden_size=d_model,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=head_dim,
+            sliding_window=window,
+            num_hidden_layers=1,
+            attention_dropout=0.0,
+            attn_implementation="sdpa",
+        )
+        torch.manual_seed(0)
+        layer = MistralAttention(config, layer_idx=0).double().eval()
+        return config, layer, MistralRotaryEmbedding(config)
+
+    return make
+
+
+@pytest.fixture
+def hf_deepseek_attention():
+    """``make(dtype, *, q_lora_rank=None, rope_interleave=True, attention_bias=False)``
+    gives ``(config, DeepseekV3Attention, DeepseekV3RotaryEmbedding)``: ``d_model=32``, 4
+    heads, ``kv_lora_rank=12``, heads of 8 + 6 (RoPE) features and values of 10, eval mode,
+    random weights of ``torch.manual_seed(0)`` (not Hugging Face's init, which may be zeros)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+
+    def make(dtype, *, q_lora_rank=None, rope_interleave=True, attention_bias=False):
+        config = transformers.DeepseekV3Config(
+            vocab_size=50,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            kv_lora_rank=12,
+            q_lora_rank=q_lora_rank,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=6,
+            v_head_dim=10,
+            rope_interleave=rope_interleave,
+            attention_bias=attention_bias,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            attn_implementation="sdpa",
+        )
+        torch.manual_seed(0)
+        layer = deepseek.DeepseekV3Attention(config, layer_idx=0).to(dtype).eval()
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn_like(p) * 0.3)
+        return config, layer, deepseek.DeepseekV3RotaryEmbedding(config)
+
+    return make

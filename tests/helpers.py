@@ -1,15 +1,61 @@
-"""Small helpers shared by the equivalence tests (imported as ``helpers``)."""
+"""Small helpers shared by the tests (imported as ``helpers``): seeded inputs, the
+tolerances of float64 comparisons, and Hugging Face's additive masks.
+
+The Hugging Face attention layers themselves (Llama, Mistral, DeepSeek-V3, random weights)
+are fixtures of ``conftest.py``: they skip a test when ``transformers`` is missing.
+"""
 
 import torch
+
+#: float64, the same arithmetic in another order or on another path (cache, fused kernel).
+EXACT = {"rtol": 0, "atol": 1e-12}
+#: float64 through many operations done otherwise: transformers' code (its own projections
+#: and rotary embedding), or a whole model stepped through its KV cache.
+CLOSE = {"rtol": 0, "atol": 1e-10}
+
+
+def seeded(*shape, seed=0, dtype=torch.float64):
+    """A seeded standard normal tensor (float64 unless told), the same on every run."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype)
 
 
 def randn(*shape, dtype, seed):
     """A seeded random tensor that requires grad."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype, requires_grad=True)
+    return seeded(*shape, seed=seed, dtype=dtype).requires_grad_()
 
 
 def upstream(output, seed=99):
     """A seeded random upstream gradient shaped like ``output``."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(output.shape, generator=g, dtype=output.dtype)
+
+
+def additive_mask(allowed, dtype=torch.float64):
+    """mhbook's bool mask (``True`` = may attend) as the float mask of Hugging Face's
+    attention layers: 0 where allowed, ``-inf`` elsewhere, with the head dimension
+    ``(batch, 1, T, S)`` they expect (a ``(T, S)`` mask gets ``(1, 1, T, S)``)."""
+    while allowed.dim() < 4:
+        allowed = allowed.unsqueeze(0)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, float("-inf"))
+
+
+def recorded_seconds(path) -> float:
+    """How long the committed run of a notebook took: the sum of its code cells' times, from
+    the timestamps nbclient stored in their metadata (``inf`` without any). Cell by cell, so
+    that a cell run again on its own later does not stretch the total."""
+    import datetime
+    import json
+    from pathlib import Path
+
+    def moment(stamp: str) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+    total, timed = 0.0, False
+    for cell in json.loads(Path(path).read_text(encoding="utf-8"))["cells"]:
+        timing = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in timing and "shell.execute_reply" in timing:
+            start, end = timing["iopub.execute_input"], timing["shell.execute_reply"]
+            total += (moment(end) - moment(start)).total_seconds()
+            timed = True
+    return total if timed else float("inf")

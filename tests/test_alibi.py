@@ -53,6 +53,18 @@ def test_same_attention_as_bloom():
     torch.testing.assert_close(weights(ours), weights(theirs.view(1, num_heads, 1, L)))
 
 
+def test_positions_per_sequence():
+    """(batch, T) and (batch, S) positions: one (num_heads, T, S) bias per sequence, as with
+    that sequence's (T,) and (S,) positions."""
+    alibi = mhbook.ALiBi(4)
+    q_positions = torch.tensor([[0, 1, 2], [5, 6, 7]])
+    k_positions = torch.tensor([[0, 1, 2, 3], [3, 5, 6, 7]])
+    bias = alibi(q_positions, k_positions)
+    assert bias.shape == (2, 4, 3, 4)
+    for b in range(2):
+        assert torch.equal(bias[b], alibi(q_positions[b], k_positions[b]))
+
+
 def test_on_the_meta_device():
     positions = torch.arange(5, device="meta")
     bias = mhbook.ALiBi(4)(positions, positions[:3], dtype=torch.float64)
@@ -65,7 +77,12 @@ def test_bad_inputs():
         mhbook.ALiBi(0)
     alibi = mhbook.ALiBi(2)
     with pytest.raises(
-        ValueError, match=r"k_positions must be a 1-D tensor of positions, got \(1, 3\)"
+        ValueError,
+        match=r"k_positions must be a tensor of positions \(T,\) or \(batch, T\), got \(1, 1, 3\)",
+    ):
+        alibi(torch.arange(3), torch.arange(3)[None, None])
+    with pytest.raises(
+        ValueError, match=r"q_positions \(3,\) and k_positions \(1, 3\) must both be \(T,\) and"
     ):
         alibi(torch.arange(3), torch.arange(3)[None])
     with pytest.raises(TypeError, match="q_positions must hold integers"):

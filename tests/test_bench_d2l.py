@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import mhbook
@@ -20,6 +21,8 @@ from benchmarks.bench import (
     kv_cache_variants,
     random_translation_batch,
 )
+
+pytestmark = pytest.mark.slow(seconds=40)  # trains D2L's model and the book's
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +44,7 @@ def test_d2l_attention_with_valid_lens_is_mhbooks_with_a_padding_mask():
     theirs, ours = _pair()
     q, kv = torch.randn(3, 4, 16), torch.randn(3, 6, 16)
     valid_lens = torch.tensor([6, 2, 5])
-    expected = ours(q, kv, kv, mhbook.padding_mask(valid_lens, 6))
+    expected, _ = ours(q, kv, kv, mhbook.padding_mask(valid_lens, 6))
     torch.testing.assert_close(theirs(q, kv, kv, valid_lens), expected)
 
 
@@ -50,7 +53,7 @@ def test_d2l_decoder_valid_lens_are_the_causal_mask():
     theirs, ours = _pair()
     x = torch.randn(2, 5, 16)
     dec_valid_lens = torch.arange(1, 6).repeat(2, 1)
-    expected = ours(x, x, x, is_causal=True)
+    expected, _ = ours(x, x, x, is_causal=True)
     torch.testing.assert_close(theirs(x, x, x, dec_valid_lens), expected)
 
 
@@ -144,7 +147,7 @@ def test_kv_cache_fill_is_what_a_forward_pass_caches():
         w = config.window
         prefilled = mhbook.LayerCache(w)
         with torch.no_grad():
-            layer(x, mhbook.causal_mask(length, device=x.device, window=w), cache=prefilled)
+            layer(x, mask=mhbook.causal_mask(length, device=x.device, window=w), cache=prefilled)
             filled = fill_cache(layer, x, w)
         assert filled.length == prefilled.length == length, name
         assert len(filled.tensors()) == len(prefilled.tensors()), name

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import randn as _randn
 from helpers import upstream as _upstream
 from torch import nn
@@ -125,14 +126,36 @@ def test_decoder_block_cache_step_by_step_equals_full(norm_first, dtype, assert_
 
 
 def test_from_torch_rejects_other_layers():
-    gelu = nn.TransformerEncoderLayer(D_MODEL, NUM_HEADS, D_FF, batch_first=True, activation="gelu")
-    with pytest.raises(ValueError, match="ReLU"):
-        mhbook.EncoderBlock.from_torch(gelu)
+    silu = nn.TransformerEncoderLayer(D_MODEL, NUM_HEADS, D_FF, batch_first=True, activation=F.silu)
+    with pytest.raises(ValueError, match="only ReLU and GELU are supported"):
+        mhbook.EncoderBlock.from_torch(silu)
     seq_first = nn.TransformerDecoderLayer(D_MODEL, NUM_HEADS, D_FF)
     with pytest.raises(ValueError, match="batch_first=True"):
         mhbook.DecoderBlock.from_torch(seq_first)
-    with pytest.raises(TypeError, match="TransformerDecoderLayer"):
-        mhbook.DecoderBlock.from_torch(gelu)
+    with pytest.raises(TypeError, match="expected TransformerDecoderLayer, got TransformerEncoder"):
+        mhbook.DecoderBlock.from_torch(silu)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_from_torch_copies_a_gelu_layer(kind, norm_first, dtype, assert_close):
+    """GELU (BERT, GPT-2): ModelConfig(ffn="gelu"), PyTorch's exact GELU."""
+    torch.manual_seed(5)
+    layer_class = nn.TransformerEncoderLayer if kind == "encoder" else nn.TransformerDecoderLayer
+    layer = layer_class(
+        D_MODEL, NUM_HEADS, D_FF, dropout=0.0, batch_first=True, norm_first=norm_first,
+        activation="gelu", dtype=dtype,
+    )  # fmt: skip
+    block_class = mhbook.EncoderBlock if kind == "encoder" else mhbook.DecoderBlock
+    block = block_class.from_torch(layer)
+    assert block.ffn.activation == "gelu"
+    x = _randn(3, 5, D_MODEL, dtype=dtype, seed=9)
+    if kind == "encoder":
+        out, expected = block(x), layer(x)
+    else:
+        memory = _randn(3, 4, D_MODEL, dtype=dtype, seed=10)
+        causal = mhbook.causal_mask(5)
+        out, expected = block(x, memory, causal), layer(x, memory, tgt_mask=~causal)
+    assert_close(out, expected, "output")
 
 
 # -- is_causal, and dropout where the paper puts it ------------------------------------------
@@ -176,14 +199,25 @@ def test_decoder_block_is_causal_with_a_cache_steps_like_the_full_pass(dtype, as
 
 
 def test_blocks_drop_out_only_the_sublayer_outputs():
-    """The paper's residual dropout (Sec. 5.4): none on the attention weights, none in
-    the FFN, one per sublayer output (in AddNorm)."""
+    """The paper's residual dropout (Sec. 5.4): ModelConfig.dropout is one dropout per
+    sublayer output (in AddNorm), none on the attention weights (that is
+    ModelConfig.attention_dropout, 0 by default), none in the FFN."""
     config = mhbook.ModelConfig(D_MODEL, NUM_HEADS, 1, D_FF, dropout=0.1)
     for block in (mhbook.EncoderBlock(config), mhbook.DecoderBlock(config)):
         attentions = [m for m in block.modules() if isinstance(m, mhbook.MultiHeadAttention)]
         assert attentions and all(m.dropout == 0.0 for m in attentions)
-        assert block.ffn.dropout.p == 0.0
+        assert not any(isinstance(m, nn.Dropout) for m in block.ffn.modules())
         addnorms = [m for m in block.modules() if isinstance(m, mhbook.AddNorm)]
         assert len(addnorms) == len(attentions) + 1 and all(a.dropout.p == 0.1 for a in addnorms)
+    attention_only = config.replace(dropout=0.0, attention_dropout=0.2)
+    for block in (mhbook.EncoderBlock(attention_only), mhbook.DecoderBlock(attention_only)):
+        attentions = [m for m in block.modules() if isinstance(m, mhbook.MultiHeadAttention)]
+        assert attentions and all(m.dropout == 0.2 for m in attentions)
+        addnorms = [m for m in block.modules() if isinstance(m, mhbook.AddNorm)]
+        assert all(a.dropout.p == 0.0 for a in addnorms)
+    # A copy of PyTorch's layer drops what it drops: its residual dropout in AddNorm, its
+    # attention dropout (PyTorch's layer passes its dropout to the attention too).
     layer = nn.TransformerEncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.1, batch_first=True)
-    assert mhbook.EncoderBlock.from_torch(layer).self_attn.dropout == 0.0
+    block = mhbook.EncoderBlock.from_torch(layer)
+    assert block.self_attn.dropout == layer.self_attn.dropout == 0.1
+    assert block.addnorm1.dropout.p == block.addnorm2.dropout.p == 0.1

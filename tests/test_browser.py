@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow(seconds=340)  # builds the book, then opens every page in Chromium
+
 try:
     from book_server import ROOT, build_book, colab_url, serve, toc_pages
 except ImportError:  # tests/ became a package

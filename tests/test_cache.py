@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import seeded
 
 import mhbook
 
@@ -26,10 +27,6 @@ def source(model):
     valid_lens = torch.tensor([6, 4, 2])
     memory = model.encoder(src, valid_lens)
     return memory, mhbook.padding_mask(valid_lens, 6)
-
-
-def _randn(*shape, seed):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def test_a_chapter_reads_length_shapes_and_nbytes(model, source):
@@ -71,8 +68,8 @@ def test_copy_shares_tensors_and_leaves_the_original_unchanged(model, source):
 def test_grouped_query_keys_and_values():
     """A layer cache holds whatever number of key/value heads it is given."""
     h, h_kv, steps = 8, 2, [3, 1, 2]
-    q = _randn(2, h, sum(steps), D_HEAD, seed=3)
-    k, v = _randn(2, h_kv, sum(steps), D_HEAD, seed=4), _randn(2, h_kv, sum(steps), D_HEAD, seed=5)
+    q = seeded(2, h, sum(steps), D_HEAD, seed=3)
+    k, v = seeded(2, h_kv, sum(steps), D_HEAD, seed=4), seeded(2, h_kv, sum(steps), D_HEAD, seed=5)
     full, _ = mhbook.attend(q, k, v, mhbook.causal_mask(sum(steps)))
     cache, outputs, start = mhbook.LayerCache(), [], 0
     for n in steps:
@@ -93,7 +90,7 @@ def test_rolling_window_keeps_the_last_tokens_and_attends_like_a_sliding_window(
     all. Fed in chunks, with causal_mask(..., window=3), it gives sliding-window
     attention over the whole sequence."""
     window, total = 3, sum(steps)
-    q, k, v = (_randn(2, 4, total, D_HEAD, seed=s) for s in (6, 7, 8))
+    q, k, v = (seeded(2, 4, total, D_HEAD, seed=s) for s in (6, 7, 8))
     full, _ = mhbook.attend(q, k, v, mhbook.causal_mask(total, window=window))
     cache, outputs, start = mhbook.LayerCache(window=window), [], 0
     for n in steps:
@@ -124,7 +121,7 @@ def test_latent_instead_of_keys_and_values():
     """Multi-head latent attention caches one (batch, S, d_latent) tensor per layer."""
     cache = mhbook.KVCache(2, window=4)
     layer = cache.layers[0]
-    c = _randn(3, 6, 5, seed=9)
+    c = seeded(3, 6, 5, seed=9)
     assert torch.equal(layer.update_latent(c[:, :2]), c[:, :2])
     assert torch.equal(layer.update_latent(c[:, 2:]), c)  # all kept ones, then the new
     assert layer.keys is None and torch.equal(layer.latent, c[:, 2:])
@@ -140,7 +137,49 @@ def test_decoder_refuses_a_windowed_cache(model, source):
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_bad_sizes(bad):
-    with pytest.raises(ValueError, match="num_layers must be an int >= 1"):
+    with pytest.raises(ValueError, match=rf"num_layers must be an int >= 1, got {bad!r}"):
         mhbook.KVCache(bad)
-    with pytest.raises(ValueError, match="window must be None or an int >= 1"):
+    with pytest.raises(ValueError, match=rf"window must be an int >= 1 or None, got {bad!r}"):
         mhbook.LayerCache(window=bad)
+
+
+def test_keys_and_values_or_a_latent_never_both():
+    """One cache per kind of attention: each refuses what the other filled, naming both."""
+    cache = mhbook.LayerCache()
+    cache.update(seeded(2, 4, 3, D_HEAD, seed=10), seeded(2, 4, 3, D_HEAD, seed=11))
+    with pytest.raises(
+        ValueError, match="holds keys and values of 3 tokens; it cannot take a latent"
+    ):
+        cache.update_latent(seeded(2, 1, 5, seed=12))
+    latent = mhbook.LayerCache()
+    latent.update_latent(seeded(2, 2, 5, seed=13))
+    with pytest.raises(
+        ValueError, match="holds a latent of 2 tokens; it cannot take keys and values"
+    ):
+        latent.update(seeded(2, 4, 1, D_HEAD, seed=14), seeded(2, 4, 1, D_HEAD, seed=15))
+    assert (cache.length, cache.latent, latent.length, latent.keys) == (3, None, 2, None)
+
+
+def test_positions_are_kept_beside_the_keys_for_alibi():
+    """update(k, v, positions) keeps the positions of the kept keys, trimmed with them."""
+    cache = mhbook.LayerCache(window=3)
+    for start, n in ((0, 2), (2, 1), (3, 2)):
+        k = seeded(2, 4, n, D_HEAD, seed=start)
+        cache.update(k, k, torch.arange(start, start + n))
+        assert torch.equal(cache.positions, torch.arange(max(0, start + n - 3), start + n))
+    with pytest.raises(ValueError, match="positions must be passed at every update"):
+        cache.update(k, k)
+
+
+def test_memory_is_projected_once():
+    cache, calls = mhbook.LayerCache(), []
+    k, v = seeded(2, 4, 6, D_HEAD, seed=16), seeded(2, 4, 6, D_HEAD, seed=17)
+
+    def project():
+        calls.append(1)
+        return k, v
+
+    for _ in range(3):
+        keys, values = cache.memory(project)
+        assert keys is k and values is v
+    assert len(calls) == 1 and cache.memory_keys is k and cache.memory_values is v

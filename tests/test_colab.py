@@ -21,7 +21,6 @@ timings recorded in the committed notebook).
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
@@ -32,6 +31,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import recorded_seconds
+
+pytestmark = pytest.mark.slow(seconds=45)  # installs mhbook into a fresh virtual environment
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "mhbook"
@@ -62,24 +64,12 @@ def _chapters() -> list[Path]:
     return sorted((ROOT / "chapters").glob("[0-9][0-9]-*.ipynb"))
 
 
-def _recorded_seconds(path: Path) -> float:
-    """How long the committed run of a notebook took, from its cells' execution metadata."""
-    stamps = []
-    for cell in nbformat.read(path, as_version=4).cells:
-        timing = cell.get("metadata", {}).get("execution", {})
-        stamps += [timing[k] for k in ("iopub.execute_input", "shell.execute_reply") if k in timing]
-    if not stamps:
-        return float("inf")
-    times = [datetime.datetime.fromisoformat(s.replace("Z", "+00:00")) for s in stamps]
-    return (max(times) - min(times)).total_seconds()
-
-
 def _chapters_to_run() -> list[Path]:
     chapters = _chapters()
     if not chapters:
         return []
     first, others = chapters[0], chapters[1:]
-    return [first] + ([min(others, key=_recorded_seconds)] if others else [])
+    return [first] + ([min(others, key=recorded_seconds)] if others else [])
 
 
 # --------------------------------------------------------------------------- the environment

@@ -74,8 +74,7 @@ def test_multihead_attention_equals_pytorch_on_cuda(need_weights):
     x, memory = _randn(3, 5, 64, seed=1), _randn(3, 7, 64, seed=2)
     valid_lens = torch.tensor([7, 4, 2], device=CUDA)
     mask = mhbook.padding_mask(valid_lens, 7)
-    out = ours(x, memory, memory, mask, need_weights=need_weights)
-    out = out[0] if need_weights else out
+    out, _ = ours(x, memory, memory, mask, need_weights=need_weights)
     expected, _ = theirs(x, memory, memory, key_padding_mask=~mask[:, 0, 0], need_weights=False)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 

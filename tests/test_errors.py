@@ -160,7 +160,7 @@ def test_query_key_feature_sizes_differ_explicit_attention():
 
 
 def test_key_and_value_lengths_differ(mha):
-    with pytest.raises(ValueError, match=shapes("Lk", "(2, 5, 8)", "(2, 4, 8)")):
+    with pytest.raises(ValueError, match=shapes("same length S", "(2, 5, 8)", "(2, 4, 8)")):
         mha(x(2, 3, D_MODEL), x(2, 5, D_MODEL), x(2, 4, D_MODEL))
     with pytest.raises(ValueError, match=shapes("Lk", "(2, 5, 8)", "(2, 4, 8)")):
         mhbook.scaled_dot_product_attention(x(2, 3, 8), x(2, 5, 8), x(2, 4, 8))
@@ -195,12 +195,12 @@ def test_from_torch_needs_batch_first():
 # -- constructor arguments ---------------------------------------------------------------
 @pytest.mark.parametrize("num_heads", [0, -2, 2.0, True])
 def test_num_heads_must_be_a_positive_int(num_heads):
-    with pytest.raises(ValueError, match=shapes("num_heads", "positive int", repr(num_heads))):
+    with pytest.raises(ValueError, match=shapes("num_heads", "an int >= 1", f"got {num_heads!r}")):
         mhbook.MultiHeadAttention(D_MODEL, num_heads)
 
 
 def test_d_model_must_be_positive():
-    with pytest.raises(ValueError, match=shapes("d_model", "positive int", "got 0")):
+    with pytest.raises(ValueError, match=shapes("d_model", "an int >= 1", "got 0")):
         mhbook.MultiHeadAttention(0, 1)
 
 
@@ -321,6 +321,13 @@ def test_token_id_outside_the_vocabulary(model, src_id, tgt_id):
 
 
 # -- the KV cache ---------------------------------------------------------------------------
+def test_eos_id_outside_the_target_vocabulary(model):
+    """An <eos> the model can never emit would never stop generation."""
+    src = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=shapes("eos_id", "[0, 12]", "13 tokens", "got 13")):
+        model.greedy_decode(src, torch.tensor([5, 5]), 1, 13, 3)
+
+
 def test_decoder_cache_of_the_wrong_kind(model):
     memory = x(2, 5, D_MODEL)
     with pytest.raises(TypeError, match=shapes("mhbook.KVCache", "list")):
@@ -353,7 +360,7 @@ def test_input_dtype_differs_from_a_module_on_meta():
 @pytest.mark.parametrize("name", ["d_head", "kdim", "vdim"])
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True])
 def test_d_head_kdim_vdim_must_be_positive_ints(name, bad):
-    with pytest.raises(ValueError, match=shapes(name, "positive int or None", repr(bad))):
+    with pytest.raises(ValueError, match=shapes(name, "an int >= 1 or None", f"got {bad!r}")):
         mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, **{name: bad})
 
 
@@ -363,20 +370,52 @@ def test_d_head_lifts_the_divisibility_rule():
 
 def test_key_or_value_of_the_wrong_width():
     mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, kdim=6, vdim=5)
-    with pytest.raises(ValueError, match=shapes("key", "(batch, Lk, kdim=6)", "(2, 4, 8)")):
+    with pytest.raises(ValueError, match=shapes("key", "(batch, S, kdim=6)", "(2, 4, 8)")):
         mha(x(2, 3, D_MODEL), x(2, 4, D_MODEL), x(2, 4, 5))
-    with pytest.raises(ValueError, match=shapes("value", "(batch, Lk, vdim=5)", "(2, 4, 6)")):
+    with pytest.raises(ValueError, match=shapes("value", "(batch, S, vdim=5)", "(2, 4, 6)")):
         mha(x(2, 3, D_MODEL), x(2, 4, 6), x(2, 4, 6))
+    # Projecting the memory into a cache checks it too, and keeps nothing.
+    cache = mhbook.LayerCache()
     with pytest.raises(ValueError, match=shapes("key", "kdim=6", "(2, 4, 8)")):
-        mha.project_kv(x(2, 4, D_MODEL), x(2, 4, 5))
+        mha(x(2, 3, D_MODEL), x(2, 4, D_MODEL), x(2, 4, 5), cache=cache)
+    assert cache.memory_keys is None and cache.memory_values is None
+    # Self-attention (key=None) takes keys and values of width d_model from the query.
+    with pytest.raises(ValueError, match=shapes("key=None", "d_model=8", "kdim=6", "vdim=5")):
+        mha(x(2, 3, D_MODEL))
 
 
 def test_to_torch_needs_heads_that_fill_d_model():
     mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, d_head=6)
     with pytest.raises(
-        ValueError, match=shapes("num_heads * d_head == d_model", "= 12", "d_model=8")
+        ValueError,
+        match=shapes(
+            "d_head", "num_heads * d_head == d_model", "num_heads=2", "d_head=6", "d_model=8"
+        ),
     ):
         mha.to_torch()
+
+
+@pytest.mark.parametrize(
+    "kwargs,named",
+    [
+        ({"num_kv_heads": 1}, "num_kv_heads"),
+        ({"rope": mhbook.RotaryEmbedding(4)}, "rope"),
+        ({"alibi": mhbook.ALiBi(NUM_HEADS)}, "alibi"),
+    ],
+)
+def test_to_torch_names_what_pytorch_cannot_express(kwargs, named):
+    mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, **kwargs)
+    with pytest.raises(ValueError, match=shapes("cannot express", f"layer's {named}")):
+        mha.to_torch()
+    plain = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
+    plain.head_mask = torch.ones(NUM_HEADS)
+    with pytest.raises(ValueError, match=shapes("cannot express", "layer's head_mask")):
+        plain.to_torch()
+
+
+def test_from_hf_needs_a_hugging_face_attention_layer():
+    with pytest.raises(TypeError, match=shapes("LlamaAttention", "Linear", "q_proj")):
+        mhbook.MultiHeadAttention.from_hf(torch.nn.Linear(2, 2))
 
 
 def test_from_torch_refuses_add_bias_kv():

@@ -153,12 +153,14 @@ def test_notebooks_store_no_widget_state(path):
     )
 
 
-def test_longest_first_names_files_that_exist():
-    """make test's schedule (tests/conftest.py) must not name a file that was renamed."""
-    from conftest import LONGEST_FIRST
+def test_every_chapter_has_a_recorded_duration_for_the_schedule():
+    """make test starts the longest files first; a chapter's length is its committed run's
+    (chapters/conftest.py), so every chapter must keep nbclient's timestamps."""
+    from helpers import recorded_seconds
 
-    missing = [name for name in LONGEST_FIRST if not (ROOT / name).is_file()]
-    assert not missing, f"LONGEST_FIRST in tests/conftest.py names missing files: {missing}"
+    chapters = sorted(CHAPTERS.glob("*.ipynb"))
+    missing = [p.name for p in chapters if not 0 < recorded_seconds(p) < float("inf")]
+    assert not missing, f"chapters without execution timestamps: {missing}"
 
 
 # -- the layers of the package ----------------------------------------------------------------

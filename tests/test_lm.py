@@ -3,11 +3,10 @@ prompt/completion task (mhbook.lm_data): the loss counts the completion only."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import CLOSE, EXACT
 from torch import nn
 
 import mhbook
@@ -41,15 +40,6 @@ POSITION_CONFIGS = {
     "alibi": {"position": "alibi"},
     "mla": {"d_latent": 8},
 }
-NEEDS = {"rope": "mhbook.rope", "alibi": "mhbook.alibi", "mla": "mhbook.mla"}
-
-
-def _kwargs(name):
-    """The config's fields; skip while the module it needs is not on this branch yet."""
-    module = NEEDS.get(name)
-    if module is not None and importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not there yet")
-    return POSITION_CONFIGS[name]
 
 
 def _stepwise_logits(lm, tokens, chunks=(1,)):
@@ -67,13 +57,13 @@ def _stepwise_logits(lm, tokens, chunks=(1,)):
 # -- the model ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(POSITION_CONFIGS))
 def test_cache_gives_the_full_causal_forward(name):
-    lm = _lm(**_kwargs(name))
+    lm = _lm(**POSITION_CONFIGS[name])
     tokens = _tokens()
     full = lm(tokens)
     assert full.shape == (3, 9, VOCAB)
     for chunks in ((1,), (4, 1, 2)):
         stepped, _ = _stepwise_logits(lm, tokens, chunks)
-        torch.testing.assert_close(stepped, full, rtol=0, atol=1e-10)
+        torch.testing.assert_close(stepped, full, **CLOSE)
 
 
 def test_the_future_does_not_change_the_past():
@@ -87,7 +77,7 @@ def test_the_future_does_not_change_the_past():
 
 @pytest.mark.parametrize("name", ["sinusoidal", "gqa", "rope", "alibi", "mla"])
 def test_cached_generation_equals_uncached_greedy(name):
-    lm = _lm(**_kwargs(name))
+    lm = _lm(**POSITION_CONFIGS[name])
     prompt = _tokens(length=4)
     cached = lm.generate(prompt, 8, use_cache=True)
     uncached = lm.generate(prompt, 8, use_cache=False)
@@ -101,11 +91,11 @@ def test_cached_generation_equals_uncached_greedy(name):
 @pytest.mark.parametrize("name", ["sinusoidal", "rope", "alibi"])
 def test_window_uses_a_rolling_cache_equal_to_the_window_mask(name):
     window = 3
-    lm = _lm(window=window, **_kwargs(name))
+    lm = _lm(window=window, **POSITION_CONFIGS[name])
     tokens = _tokens(length=10)
     full = lm(tokens)
     # The full forward uses the sliding-window mask: compare with the mask written out.
-    explicit = _lm(**_kwargs(name))
+    explicit = _lm(**POSITION_CONFIGS[name])
     explicit.load_state_dict(lm.state_dict())
     x = explicit.embedding(tokens) * 4.0  # sqrt(d_model)
     if explicit.pos_encoding is not None:
@@ -113,10 +103,10 @@ def test_window_uses_a_rolling_cache_equal_to_the_window_mask(name):
     mask = mhbook.causal_mask(10, window=window)
     for block in explicit.blocks:
         x = block(x, mask)
-    torch.testing.assert_close(full, explicit.output(explicit.norm(x)), rtol=0, atol=1e-12)
+    torch.testing.assert_close(full, explicit.output(explicit.norm(x)), **EXACT)
     assert not torch.allclose(full, explicit(tokens))  # the window matters
     stepped, cache = _stepwise_logits(lm, tokens, (1,))
-    torch.testing.assert_close(stepped, full, rtol=0, atol=1e-10)
+    torch.testing.assert_close(stepped, full, **CLOSE)
     assert cache.window == window
     assert all(layer.num_kept == window for layer in cache.layers)
     assert torch.equal(
@@ -181,12 +171,12 @@ def test_valid_lens_masks_the_padding():
     padded = torch.cat([tokens, torch.zeros(3, 2, dtype=torch.long)], dim=1)
     valid_lens = torch.full((3,), 6)
     out = lm(padded, valid_lens=valid_lens)
-    torch.testing.assert_close(out[:, :6], lm(tokens), rtol=0, atol=1e-12)
+    torch.testing.assert_close(out[:, :6], lm(tokens), **EXACT)
 
 
 def test_parameter_count_and_attention_kind():
     lm = DecoderOnlyLM(_config(num_kv_heads=2), VOCAB)
-    assert isinstance(lm.blocks[0].self_attn, mhbook.GroupedQueryAttention)
+    assert isinstance(lm.blocks[0].self_attn, mhbook.MultiHeadAttention)
     assert lm.blocks[0].self_attn.num_kv_heads == 2
     d, ff = 16, 32
     attn = 2 * d * d + 2 * d * 8  # W_q, W_o; W_k, W_v with 2 heads of 4
@@ -211,7 +201,9 @@ def test_bad_inputs():
     lm = _lm(dtype=torch.float32)
     with pytest.raises(ValueError, match=r"tokens must have shape \(batch, length\), got \(4,\)"):
         lm(torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"ids from 0 to 23, but the vocabulary has 23"):
+    with pytest.raises(
+        ValueError, match=r"tokens holds token ids from 0 to 23, but the vocabulary has 23 tokens"
+    ):
         lm(torch.tensor([[0, 23]]))
     with pytest.raises(TypeError, match="integer token ids"):
         lm(torch.zeros(1, 3))
@@ -220,9 +212,9 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="the model has 2 layers but the cache has 3"):
         lm(torch.zeros(1, 3, dtype=torch.long), cache=mhbook.KVCache(3))
     prompt = torch.zeros(1, 2, dtype=torch.long)
-    with pytest.raises(ValueError, match="temperature must be a number >= 0"):
+    with pytest.raises(ValueError, match=r"temperature must be a number in \[0.0, inf\), got -1.0"):
         lm.generate(prompt, 3, temperature=-1.0)
-    with pytest.raises(ValueError, match="top_k must be None or an int >= 1"):
+    with pytest.raises(ValueError, match="top_k must be an int >= 1 or None, got 0"):
         lm.generate(prompt, 3, temperature=1.0, top_k=0)
     with pytest.raises(ValueError, match="prompt must hold at least one token"):
         lm.generate(torch.zeros(1, 0, dtype=torch.long), 3)
@@ -243,7 +235,7 @@ def test_config_errors_name_the_fields():
 def test_meta_device(name):
     meta = torch.device("meta")
     with meta:
-        lm = DecoderOnlyLM(_config(dropout=0.1, window=4, **_kwargs(name)), VOCAB)
+        lm = DecoderOnlyLM(_config(dropout=0.1, window=4, **POSITION_CONFIGS[name]), VOCAB)
     tokens = torch.randint(0, VOCAB, (2, 6), device=meta)
     logits = lm.train()(tokens)
     assert logits.device.type == "meta" and logits.shape == (2, 6, VOCAB)
@@ -288,7 +280,7 @@ def test_splits_and_batches_are_those_of_number_translation(task):
     assert lm_data.SPLITS is data.SPLITS
     for args, message in [
         (("bogus", 4), "split must be one of ('train', 'valid', 'test'), got 'bogus'"),
-        (("train", 0), "batch_size must be a positive int, got 0"),
+        (("train", 0), "batch_size must be an int >= 1, got 0 (int)"),
     ]:
         for source in (task, translation):
             with pytest.raises(ValueError) as error:

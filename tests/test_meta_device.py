@@ -87,8 +87,8 @@ def test_multihead_attention_on_meta(need_weights):
     query = torch.randn(2, 3, D_MODEL, device=META, requires_grad=True)
     memory = torch.randn(2, 5, D_MODEL, device=META)
     mask = mhbook.padding_mask(torch.full((2,), 5, device=META), 5) & mhbook.causal_mask(3, 5, META)
-    out = mha(query, memory, memory, mask, need_weights=need_weights)
-    out = out[0] if need_weights else out
+    out, weights = mha(query, memory, memory, mask, need_weights=need_weights)
+    assert (weights is not None) == need_weights
     assert out.device.type == "meta" and out.shape == (2, 3, D_MODEL)
     out.sum().backward()
     assert query.grad.device.type == "meta" and mha.head_mask.grad.shape == (NUM_HEADS,)

@@ -6,44 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
+from helpers import CLOSE, EXACT, additive_mask, seeded
 from torch import nn
-from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
 import mhbook
 from mhbook.mla import MultiHeadLatentAttention
 
-D_MODEL, NUM_HEADS, D_LATENT = 32, 4, 12
-
-
-def _hf_attention(dtype, *, q_lora_rank=None, rope_interleave=True, attention_bias=False):
-    config = transformers.DeepseekV3Config(
-        vocab_size=50,
-        hidden_size=D_MODEL,
-        num_attention_heads=NUM_HEADS,
-        num_key_value_heads=NUM_HEADS,
-        kv_lora_rank=D_LATENT,
-        q_lora_rank=q_lora_rank,
-        qk_nope_head_dim=8,
-        qk_rope_head_dim=6,
-        v_head_dim=10,
-        rope_interleave=rope_interleave,
-        attention_bias=attention_bias,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        # PyTorch's SDPA keeps float64; the "eager" path takes the softmax in float32.
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    m = hf.DeepseekV3Attention(config, layer_idx=0).to(dtype).eval()
-    with torch.no_grad():  # random weights, not Hugging Face's init (which may be zeros)
-        for p in m.parameters():
-            p.copy_(torch.randn_like(p) * 0.3)
-    return m
-
-
-def _additive_causal(length, dtype):
-    allowed = mhbook.causal_mask(length)
-    return torch.zeros(length, length, dtype=dtype).masked_fill(~allowed, float("-inf"))[None, None]
+D_MODEL, NUM_HEADS, D_LATENT = 32, 4, 12  # hf_deepseek_attention's (conftest.py)
 
 
 @pytest.mark.parametrize("q_lora_rank", [None, 16], ids=["q-direct", "q-latent"])
@@ -51,9 +20,9 @@ def _additive_causal(length, dtype):
 @pytest.mark.parametrize("attention_bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
 def test_equals_hugging_face_deepseek_v3_float64(
-    q_lora_rank, rope_interleave, attention_bias, absorb
+    q_lora_rank, rope_interleave, attention_bias, absorb, hf_deepseek_attention
 ):
-    theirs = _hf_attention(
+    _, theirs, rotary = hf_deepseek_attention(
         torch.float64,
         q_lora_rank=q_lora_rank,
         rope_interleave=rope_interleave,
@@ -75,20 +44,25 @@ def test_equals_hugging_face_deepseek_v3_float64(
     x = torch.randn(2, 7, D_MODEL, dtype=torch.float64)
     positions = torch.arange(7)
     # Its rotary embedding computes the angles in float32, as mhbook.RotaryEmbedding does.
-    cos_sin = hf.DeepseekV3RotaryEmbedding(theirs.config)(x, positions[None])
-    expected, _ = theirs(x, cos_sin, _additive_causal(7, torch.float64))
-    actual = ours(x, mhbook.causal_mask(7), positions=positions)
-    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-10)
+    cos_sin = rotary(x, positions[None])
+    mask = mhbook.causal_mask(7)
+    expected, _ = theirs(x, cos_sin, additive_mask(mask, torch.float64))
+    actual, _ = ours(x, mask=mask, positions=positions)
+    torch.testing.assert_close(actual, expected, **CLOSE)
+    # is_causal=True and (batch, T) positions are the same.
+    actual, _ = ours(x, is_causal=True, positions=positions.expand(2, -1))
+    torch.testing.assert_close(actual, expected, **CLOSE)
 
 
-def test_equals_hugging_face_float32_with_its_own_rotary_and_norms():
-    theirs = _hf_attention(torch.float32, q_lora_rank=16)
+def test_equals_hugging_face_float32_with_its_own_rotary_and_norms(hf_deepseek_attention):
+    _, theirs, rotary = hf_deepseek_attention(torch.float32, q_lora_rank=16)
     ours = MultiHeadLatentAttention.from_hf(theirs)
     x = torch.randn(2, 9, D_MODEL)
     positions = torch.arange(9)[None]
-    cos_sin = hf.DeepseekV3RotaryEmbedding(theirs.config)(x, positions)
-    expected, _ = theirs(x, cos_sin, _additive_causal(9, torch.float32))
-    actual = ours(x, mhbook.causal_mask(9))
+    cos_sin = rotary(x, positions)
+    mask = mhbook.causal_mask(9)
+    expected, _ = theirs(x, cos_sin, additive_mask(mask, torch.float32))
+    actual, _ = ours(x, mask=mask)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -107,14 +81,18 @@ def test_absorbed_equals_naive(kwargs):
     mla = _mla(**kwargs)
     x = torch.randn(3, 6, D_MODEL, dtype=torch.float64)
     mask = mhbook.causal_mask(6)
-    naive, w_naive = mla(x, mask, need_weights=True)
+    naive, w_naive = mla(x, mask=mask, need_weights=True)
     mla.absorb = True
-    absorbed, w_absorbed = mla(x, mask, need_weights=True)
+    absorbed, w_absorbed = mla(x, mask=mask, need_weights=True)
     assert w_absorbed.shape == (3, NUM_HEADS, 6, 6)
-    torch.testing.assert_close(absorbed, naive, rtol=0, atol=1e-12)
-    torch.testing.assert_close(w_absorbed, w_naive, rtol=0, atol=1e-12)
-    fused = mla(x, mask)  # the fused kernel gives the same
-    torch.testing.assert_close(fused, naive, rtol=0, atol=1e-12)
+    torch.testing.assert_close(absorbed, naive, **EXACT)
+    torch.testing.assert_close(w_absorbed, w_naive, **EXACT)
+    fused, none = mla(x, mask=mask)  # the fused kernel gives the same
+    assert none is None
+    torch.testing.assert_close(fused, naive, **EXACT)
+    for absorb in (False, True):  # is_causal=True is the causal mask, in both forms
+        mla.absorb = absorb
+        torch.testing.assert_close(mla(x, is_causal=True)[0], naive, **EXACT)
 
 
 @pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
@@ -133,11 +111,12 @@ def test_absorbed_equals_naive_with_every_mask_shape(need_weights):
     ]
     for mask in masks:
         mla.absorb = False
-        naive = mla(x, mask, need_weights=need_weights)
+        naive = mla(x, mask=mask, need_weights=need_weights)
         mla.absorb = True
-        absorbed = mla(x, mask, need_weights=need_weights)
-        torch.testing.assert_close(absorbed, naive, rtol=0, atol=1e-12)
-    assert not torch.isnan(absorbed[0] if need_weights else absorbed).any()
+        absorbed = mla(x, mask=mask, need_weights=need_weights)
+        assert (absorbed[1] is None) == (naive[1] is None) == (not need_weights)
+        torch.testing.assert_close(absorbed, naive, **EXACT)  # output and weights
+    assert not torch.isnan(absorbed[0]).any()
 
 
 def test_absorbed_equals_folded_matrices():
@@ -155,19 +134,19 @@ def test_absorbed_equals_folded_matrices():
     q = torch.einsum("hcm,btm->bhtc", W_qk, x)
     weights = torch.softmax(q @ c.unsqueeze(1).transpose(-2, -1) / d**0.5, dim=-1)
     out = torch.einsum("hmc,bhtc->btm", W_ov, weights @ c.unsqueeze(1))
-    torch.testing.assert_close(out, mla(x), rtol=0, atol=1e-12)
+    torch.testing.assert_close(out, mla(x)[0], **EXACT)
 
 
 @pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
 def test_cached_decoding_equals_full_causal_forward(absorb):
     mla = _mla(absorb=absorb).eval()
     x = torch.randn(2, 7, D_MODEL, dtype=torch.float64)
-    full = mla(x, mhbook.causal_mask(7))
+    full, _ = mla(x, mask=mhbook.causal_mask(7))
     cache = mhbook.LayerCache()
-    steps = [mla(x[:, :3], mhbook.causal_mask(3), cache=cache)]  # a prompt of 3, then 1 by 1
-    for t in range(3, 7):
-        steps.append(mla(x[:, t : t + 1], cache=cache))
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-12)
+    steps = [mla(x[:, :3], mask=mhbook.causal_mask(3), cache=cache)[0]]  # a prompt of 3,
+    for t in range(3, 7):  # then one by one
+        steps.append(mla(x[:, t : t + 1], cache=cache)[0])
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **EXACT)
     assert cache.length == 7 and cache.keys is None and cache.values is None
     assert cache.latent.shape == (2, 7, D_LATENT + 4)  # [c ; k_rope] per token, nothing else
     assert cache.nbytes == 2 * 7 * (D_LATENT + 4) * 8
@@ -179,10 +158,10 @@ def test_positions_default_to_the_cache_length():
     cache = mhbook.LayerCache()
     mla(x, cache=cache)
     y = torch.randn(1, 2, D_MODEL, dtype=torch.float64)
-    implicit = mla(y, cache=cache.copy())
-    explicit = mla(y, cache=cache.copy(), positions=torch.tensor([4, 5]))
+    implicit, _ = mla(y, cache=cache.copy())
+    explicit, _ = mla(y, cache=cache.copy(), positions=torch.tensor([4, 5]))
     torch.testing.assert_close(implicit, explicit, rtol=0, atol=0)
-    other = mla(y, cache=cache.copy(), positions=torch.tensor([0, 1]))
+    other, _ = mla(y, cache=cache.copy(), positions=torch.tensor([0, 1]))
     assert not torch.allclose(other, implicit)
 
 
@@ -190,9 +169,20 @@ def test_scores_depend_on_relative_position_only():
     """Shifting every position by the same amount leaves the output unchanged (RoPE)."""
     mla = _mla().eval()
     x = torch.randn(1, 5, D_MODEL, dtype=torch.float64)
-    a = mla(x, mhbook.causal_mask(5), positions=torch.arange(5))
-    b = mla(x, mhbook.causal_mask(5), positions=torch.arange(5) + 11)
+    a, _ = mla(x, mask=mhbook.causal_mask(5), positions=torch.arange(5))
+    b, _ = mla(x, mask=mhbook.causal_mask(5), positions=torch.arange(5) + 11)
     torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # RoPE's angles are float32
+
+
+def test_positions_per_sequence():
+    """(batch, T) positions: each sequence as if it ran alone with its (T,) positions."""
+    mla = _mla().eval()
+    x = seeded(2, 5, D_MODEL, seed=3)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    both, _ = mla(x, mask=mhbook.causal_mask(5), positions=positions)
+    for b in range(2):
+        alone, _ = mla(x[b : b + 1], mask=mhbook.causal_mask(5), positions=positions[b])
+        torch.testing.assert_close(both[b : b + 1], alone, **EXACT)
 
 
 @pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
@@ -202,12 +192,12 @@ def test_on_meta_device(absorb):
         mla = MultiHeadLatentAttention(D_MODEL, NUM_HEADS, D_LATENT, d_rope=4, d_q_latent=10)
     mla.absorb = absorb
     x = torch.randn(2, 5, D_MODEL, device=meta)
-    out = mla(x, mhbook.causal_mask(5, device=meta))
+    out, _ = mla(x, mask=mhbook.causal_mask(5, device=meta))
     assert out.device.type == "meta" and out.shape == (2, 5, D_MODEL)
     out.sum().backward()
     assert all(p.grad is not None and p.grad.device.type == "meta" for p in mla.parameters())
     cache = mhbook.LayerCache()
-    mla(x, mhbook.causal_mask(5, device=meta), cache=cache)
+    mla(x, mask=mhbook.causal_mask(5, device=meta), cache=cache)
     step, weights = mla(x[:, :1], cache=cache, need_weights=True)
     assert step.shape == (2, 1, D_MODEL) and weights.shape == (2, NUM_HEADS, 1, 6)
     assert cache.latent.device.type == "meta" and cache.latent.shape == (2, 6, D_LATENT + 4)
@@ -239,7 +229,7 @@ def test_parameter_count():
         ({"num_heads": 0}, r"num_heads must be an int >= 1"),
         ({"num_heads": 5}, r"divisible by num_heads"),
         ({"d_q_latent": 33}, r"d_q_latent must be at most d_model=32"),
-        ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
+        ({"dropout": 1.0}, r"dropout must be a number in \[0.0, 1.0\), got 1.0"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -252,15 +242,17 @@ def test_bad_inputs():
     mla = _mla()
     x = torch.randn(2, 3, D_MODEL, dtype=torch.float64)
     with pytest.raises(
-        ValueError, match=r"x must have shape \(batch, T, d_model=32\), got \(2, 3, 31\)"
+        ValueError, match=r"query must have shape \(batch, length, d_model=32\), got \(2, 3, 31\)"
     ):
         mla(x[..., :31])
-    with pytest.raises(TypeError, match=r"x has dtype torch.float32 but the module's weights"):
+    with pytest.raises(TypeError, match=r"query has dtype torch.float32 but the module's weights"):
         mla(x.float())
-    with pytest.raises(ValueError, match=r"positions must be an integer tensor of shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(3,\) .*got \(4,\)"):
         mla(x, positions=torch.arange(4))
-    with pytest.raises(ValueError, match=r"positions must be an integer tensor"):
+    with pytest.raises(TypeError, match=r"positions must hold integers, got dtype torch.float32"):
         mla(x, positions=torch.arange(3.0))
+    with pytest.raises(ValueError, match=r"self-attention: call it with key=None and value=None"):
+        mla(x, x)
     with pytest.raises(ValueError, match=r"mask"):
         mla(x, mask=torch.ones(3, 4, dtype=torch.bool))
     cache = mhbook.LayerCache()
@@ -270,14 +262,47 @@ def test_bad_inputs():
         other(x, cache=cache)
     with pytest.raises(TypeError, match=r"cache must be None or a mhbook.LayerCache"):
         mla(x, cache=mhbook.KVCache(1))
+    # A cache of keys and values (multi-head attention's) cannot take a latent.
+    keys_and_values = mhbook.LayerCache()
+    keys_and_values.update(torch.zeros(2, 4, 3, 8), torch.zeros(2, 4, 3, 8))
+    with pytest.raises(
+        ValueError, match=r"holds keys and values of 3 tokens; it cannot take a latent"
+    ):
+        mla(x, cache=keys_and_values)
 
 
 def test_record_attention_sees_the_weights():
     mla = _mla().eval()
     x = torch.randn(2, 5, D_MODEL, dtype=torch.float64)
     with mhbook.record_attention(mla) as weights:
-        out = mla(x, mhbook.causal_mask(5))
+        out, _ = mla(x, mask=mhbook.causal_mask(5))
     (w,) = weights().values()
     assert w.shape == (2, NUM_HEADS, 5, 5)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, NUM_HEADS, 5, dtype=torch.float64))
-    torch.testing.assert_close(out, mla(x, mhbook.causal_mask(5)), rtol=0, atol=1e-12)
+    torch.testing.assert_close(out, mla(x, mask=mhbook.causal_mask(5))[0], **EXACT)
+
+
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+def test_head_mask_zero_equals_zeroing_that_heads_slice(absorb):
+    """As in MultiHeadAttention: head_mask scales each head's output before W_o."""
+    mla = _mla(absorb=absorb).eval()
+    x, mask = seeded(2, 5, D_MODEL, seed=4), mhbook.causal_mask(5)
+    head, d_v = 1, mla.d_v
+
+    def zero_head(module, args):  # runs just before W_o, on the merged heads
+        (merged,) = args
+        merged = merged.clone()
+        merged[..., head * d_v : (head + 1) * d_v] = 0
+        return (merged,)
+
+    handle = mla.W_o.register_forward_pre_hook(zero_head)
+    expected, _ = mla(x, mask=mask)
+    handle.remove()
+    mla.head_mask = torch.ones(NUM_HEADS, dtype=torch.float64)
+    mla.head_mask[head] = 0
+    for need_weights in (False, True):
+        torch.testing.assert_close(
+            mla(x, mask=mask, need_weights=need_weights)[0], expected, **EXACT
+        )
+    mla.head_mask = None
+    assert not torch.allclose(mla(x, mask=mask)[0], expected)

@@ -16,6 +16,8 @@ import mhbook
 from mhbook import launch, parallel
 from mhbook.parallel import TensorParallelMultiHeadAttention as TPAttention
 
+pytestmark = pytest.mark.slow(seconds=30)  # starts gloo processes
+
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}  # float64
 TIMEOUT = 240  # seconds for a whole two-process run, start-up included (a busy 2-core CI)
 
@@ -39,7 +41,8 @@ def test_partial_outputs_add_up_to_the_single_process_layer(world_size):
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     mask = mhbook.causal_mask(5)
     out, shards = _simulated(mha, world_size, x, x, x, mask)
-    torch.testing.assert_close(out, mha(x, x, x, mask), **TIGHT)
+    torch.testing.assert_close(out, mha(x, x, x, mask)[0], **TIGHT)
+    torch.testing.assert_close(out, mha(x, mask=mask)[0], **TIGHT)  # the self-attention call
     for rank, shard in enumerate(shards):
         local = 4 // world_size
         assert shard.heads == slice(rank * local, (rank + 1) * local)
@@ -64,7 +67,7 @@ def test_slicing_with_cross_attention_head_size_per_head_masks():
     )
     mask = torch.rand(3, 6, 4, 6) > 0.3  # (batch, num_heads, Lq, Lk): each head its own
     out, shards = _simulated(mha, 3, query, key, value, mask)
-    torch.testing.assert_close(out, mha(query, key, value, mask), **TIGHT)
+    torch.testing.assert_close(out, mha(query, key, value, mask)[0], **TIGHT)
     assert [tuple(s.head_mask.tolist()) for s in shards] == [(1.0, 0.0), (1.0, 0.5), (1.0, 0.0)]
 
 
@@ -83,8 +86,8 @@ def test_world_size_one_is_the_single_process_layer_without_a_process_group():
     tp = TPAttention.from_module(mha, 0, 1)
     x1 = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_()
-    tp(x1, x1, x1).sum().backward()
-    mha(x2, x2, x2).sum().backward()
+    tp(x1, x1, x1)[0].sum().backward()
+    mha(x2, x2, x2)[0].sum().backward()
     torch.testing.assert_close(x1.grad, x2.grad, **TIGHT)
     for (name, p), (_, q) in zip(tp.named_parameters(), mha.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, **TIGHT, msg=name)
@@ -110,7 +113,7 @@ def test_meta_device():
     out = shard.partial_forward(x, x, x, mhbook.causal_mask(5, device=x.device))
     assert out.device.type == "meta" and out.shape == (2, 5, 16)
     alone = TPAttention.from_module(mha, 0, 1)
-    assert alone(x, x, x).device.type == "meta"
+    assert alone(x, x, x)[0].device.type == "meta"
 
 
 def test_clear_errors():
@@ -123,7 +126,7 @@ def test_clear_errors():
         TPAttention.from_module(mha, 3, 3)
     with pytest.raises(TypeError, match="expected mhbook.MultiHeadAttention, got Linear"):
         TPAttention.from_module(torch.nn.Linear(2, 2), 0, 2)
-    with pytest.raises(ValueError, match="world_size must be a positive int"):
+    with pytest.raises(ValueError, match="world_size must be an int >= 1, got 0"):
         parallel.head_slice(4, 0, 0)
     with pytest.raises(ValueError, match="num_heads must be divisible by world_size"):
         parallel.layer_cost(1, 8, 12, 6, 4)

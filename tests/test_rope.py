@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import CLOSE, EXACT, seeded
 
 import mhbook
 from mhbook.rope import interleaved_to_half, rope_angles
@@ -18,15 +19,11 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 LAYOUTS = pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
 
 
-def _randn(*shape, seed=0, dtype=torch.float64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
 @LAYOUTS
 def test_scores_depend_only_on_the_offset(interleaved):
     """q at m and k at n score q R(m)^T ... = a function of m - n: shift both, same score."""
     rope = mhbook.RotaryEmbedding(16, interleaved=interleaved)
-    q, k = _randn(1, 1, 1, 16, seed=1), _randn(1, 1, 1, 16, seed=2)
+    q, k = seeded(1, 1, 1, 16, seed=1), seeded(1, 1, 1, 16, seed=2)
 
     def score(m, n):
         return (rope(q, torch.tensor([m])) * rope(k, torch.tensor([n]))).sum()
@@ -41,7 +38,7 @@ def test_scores_depend_only_on_the_offset(interleaved):
 @LAYOUTS
 def test_position_zero_is_the_identity_and_norms_are_kept(interleaved):
     rope = mhbook.RotaryEmbedding(8, interleaved=interleaved)
-    x = _randn(2, 3, 6, 8)
+    x = seeded(2, 3, 6, 8)
     positions = torch.arange(6)
     y = rope(x, positions)
     assert y.shape == x.shape and y.dtype == x.dtype
@@ -60,12 +57,12 @@ def test_the_two_layouts_are_equal_up_to_a_permutation():
     assert perm.tolist() == [0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11]
     paper = mhbook.RotaryEmbedding(d, interleaved=True)
     llama = mhbook.RotaryEmbedding(d, interleaved=False)
-    x, positions = _randn(2, 3, 7, d), torch.arange(3, 10)
+    x, positions = seeded(2, 3, 7, d), torch.arange(3, 10)
     torch.testing.assert_close(paper(x, positions)[..., perm], llama(x[..., perm], positions))
     # Not the same function without the permutation.
     assert not torch.allclose(paper(x, positions), llama(x, positions))
     # Scores are the same when q and k are permuted alike.
-    q, k = _randn(1, 2, 7, d, seed=3), _randn(1, 2, 7, d, seed=4)
+    q, k = seeded(1, 2, 7, d, seed=3), seeded(1, 2, 7, d, seed=4)
     scores_paper = paper(q, positions) @ paper(k, positions).transpose(-2, -1)
     scores_llama = llama(q[..., perm], positions) @ llama(k[..., perm], positions).transpose(-2, -1)
     torch.testing.assert_close(scores_paper, scores_llama)
@@ -75,7 +72,7 @@ def test_the_two_layouts_are_equal_up_to_a_permutation():
 def test_matches_the_complex_number_form(interleaved):
     """The paper's form: each pair is a complex number multiplied by e^{i m theta}."""
     d = 10
-    x, positions = _randn(2, 1, 5, d), torch.tensor([0, 3, 4, 10, 2])
+    x, positions = seeded(2, 1, 5, d), torch.tensor([0, 3, 4, 10, 2])
     rope = mhbook.RotaryEmbedding(d, base=500.0, interleaved=interleaved)
     perm = torch.arange(d) if interleaved else interleaved_to_half(d)
     pairs = x[..., torch.argsort(perm)] if not interleaved else x  # back to adjacent pairs
@@ -89,7 +86,7 @@ def test_matches_the_complex_number_form(interleaved):
 def test_positions_per_sequence():
     """(batch, T) positions: each sequence rotated by its own, as with (T,) one at a time."""
     rope = mhbook.RotaryEmbedding(8)
-    x = _randn(2, 3, 4, 8)
+    x = seeded(2, 3, 4, 8)
     positions = torch.tensor([[0, 1, 2, 3], [5, 6, 7, 8]])
     y = rope(x, positions)
     for b in range(2):
@@ -105,7 +102,7 @@ def test_equals_hugging_face_llama(dtype):
         rope_parameters={"rope_type": "default", "rope_theta": 500.0},
     )  # fmt: skip
     theirs = LlamaRotaryEmbedding(config)
-    q, k = _randn(2, 4, 9, 16, seed=5, dtype=dtype), _randn(2, 2, 9, 16, seed=6, dtype=dtype)
+    q, k = seeded(2, 4, 9, 16, seed=5, dtype=dtype), seeded(2, 2, 9, 16, seed=6, dtype=dtype)
     position_ids = torch.tensor([list(range(9)), list(range(100, 109))])
     cos, sin = theirs(q, position_ids)
     q_hf, k_hf = apply_rotary_pos_emb(q, k, cos, sin)
@@ -138,7 +135,7 @@ def test_odd_d_head_says_why():
 
 
 def test_bad_base():
-    with pytest.raises(ValueError, match="base must be a number > 1, got 1"):
+    with pytest.raises(ValueError, match=r"base must be a number > 1\.0, got 1$"):
         mhbook.RotaryEmbedding(8, base=1)
 
 
@@ -161,53 +158,35 @@ def test_bad_inputs():
         rope(x.to("meta"), torch.arange(5))
 
 
-# -- GroupedQueryAttention with RoPE against Hugging Face's LlamaAttention ----------------------
-def _llama_pair(num_kv_heads, d_model=32, num_heads=4, base=10000.0):
-    """LlamaAttention with random weights (nothing downloaded), and the same weights in a
-    GroupedQueryAttention with a RotaryEmbedding; both float64."""
-    from transformers.models.llama.modeling_llama import LlamaAttention
-
-    config = LlamaConfig(
-        hidden_size=d_model, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        attention_bias=False, attention_dropout=0.0,
-        rope_parameters={"rope_type": "default", "rope_theta": base},
-    )  # fmt: skip
-    config._attn_implementation = "sdpa"  # "eager" takes the softmax in float32
-    torch.manual_seed(0)
-    llama = LlamaAttention(config, layer_idx=0).double().eval()
-    d_head = d_model // num_heads
-    rope = mhbook.RotaryEmbedding(d_head, base=base)
-    ours = mhbook.GroupedQueryAttention(d_model, num_heads, num_kv_heads, rope=rope).double()
-    with torch.no_grad():
-        for mine, theirs in zip(
-            ("W_q", "W_k", "W_v", "W_o"), ("q_proj", "k_proj", "v_proj", "o_proj")
-        ):
-            getattr(ours, mine).weight.copy_(getattr(llama, theirs).weight)
-    return config, llama, LlamaRotaryEmbedding(config), ours.eval()
-
-
+# -- grouped-query attention with RoPE against Hugging Face's LlamaAttention -----------------
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
-def test_gqa_with_rope_equals_llama_attention(num_kv_heads):
+def test_gqa_with_rope_equals_llama_attention(num_kv_heads, hf_llama_attention):
     from transformers.masking_utils import create_causal_mask
 
-    config, llama, llama_rope, ours = _llama_pair(num_kv_heads)
-    x = _randn(2, 7, 32, seed=7)
+    config, llama, llama_rope = hf_llama_attention(num_kv_heads)
+    ours = mhbook.MultiHeadAttention.from_hf(llama)
+    assert isinstance(ours.rope, mhbook.RotaryEmbedding) and ours.num_kv_heads == num_kv_heads
+    x = seeded(2, 7, 32, seed=7)
     for start in (0, 40):  # positions 0..6, then 40..46
         position_ids = torch.arange(start, start + 7)[None]
         mask = create_causal_mask(
             config, x, None, None, position_ids=position_ids, allow_is_causal_skip=False
         )
         theirs, _ = llama(x, position_embeddings=llama_rope(x, position_ids), attention_mask=mask)
-        mine = ours(x, mhbook.causal_mask(7), positions=position_ids[0])
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-10)
+        mine, _ = ours(x, mask=mhbook.causal_mask(7), positions=position_ids[0])
+        torch.testing.assert_close(mine, theirs, **CLOSE)
+        # (batch, T) positions, one row per sequence, as transformers' position_ids
+        mine, _ = ours(x, is_causal=True, positions=position_ids.expand(2, -1))
+        torch.testing.assert_close(mine, theirs, **CLOSE)
 
 
-def test_gqa_with_rope_decoding_equals_llama_with_its_cache():
+def test_gqa_with_rope_decoding_equals_llama_with_its_cache(hf_llama_attention):
     """Token by token: mhbook's LayerCache (rotated keys) and transformers' DynamicCache."""
     from transformers import DynamicCache
 
-    config, llama, llama_rope, ours = _llama_pair(2)
-    x = _randn(1, 6, 32, seed=8)
+    config, llama, llama_rope = hf_llama_attention(2)
+    ours = mhbook.MultiHeadAttention.from_hf(llama)
+    x = seeded(1, 6, 32, seed=8)
     theirs_cache, our_cache = DynamicCache(config=config), mhbook.LayerCache()
     for t in range(6):
         step = x[:, t : t + 1]
@@ -216,6 +195,24 @@ def test_gqa_with_rope_decoding_equals_llama_with_its_cache():
             step, position_embeddings=llama_rope(step, position_ids), attention_mask=None,
             past_key_values=theirs_cache,
         )  # fmt: skip
-        mine = ours(step, mhbook.causal_mask(1, t + 1), cache=our_cache)
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-10)
-    torch.testing.assert_close(our_cache.keys, theirs_cache.layers[0].keys, rtol=0, atol=1e-12)
+        mine, _ = ours(step, mask=mhbook.causal_mask(1, t + 1), cache=our_cache)
+        torch.testing.assert_close(mine, theirs, **CLOSE)
+    torch.testing.assert_close(our_cache.keys, theirs_cache.layers[0].keys, **EXACT)
+
+
+def test_the_default_base_is_llamas_10000():
+    """The base defaults to 10000 (the paper, Llama 1 and 2, transformers' default
+    rope_theta); the angles are those of transformers' LlamaRotaryEmbedding at its default."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rope = mhbook.RotaryEmbedding(16)
+    assert rope.base == 10000.0 and mhbook.ModelConfig().rope_theta == 10000.0
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4)  # head_dim 16, default theta
+    x = torch.zeros(1, 7, 64)
+    cos, sin = LlamaRotaryEmbedding(config)(x, torch.arange(7)[None])
+    angles = mhbook.rope.rope_angles(torch.arange(7), 16)
+    torch.testing.assert_close(cos[0], torch.cat([angles.cos()] * 2, dim=-1), rtol=0, atol=0)
+    torch.testing.assert_close(sin[0], torch.cat([angles.sin()] * 2, dim=-1), rtol=0, atol=0)
+    layer = mhbook.make_attention(mhbook.ModelConfig(d_model=64, position="rope"))
+    assert layer.rope.base == 10000.0

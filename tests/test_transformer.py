@@ -143,27 +143,43 @@ def test_float16_model_records_attention_without_nan():
 
 
 # -- greedy decoding ---------------------------------------------------------------------
+def _free(model, src, valid_lens, max_len, use_cache=True):
+    """Greedy decoding with no <eos> (eos_id=None): exactly ``max_len`` tokens."""
+    return model.generate(src, valid_lens, max_len, bos_id=BOS, use_cache=use_cache)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_decode_cache_gives_identical_tokens(seed, norm_first, dtype):
     model = _model(dtype, norm_first, seed)
     src, _, valid_lens = _batch(seed)
-    never = TGT_VOCAB  # argmax over TGT_VOCAB logits never returns this id: decode max_len
-    cached = model.greedy_decode(src, valid_lens, BOS, never, max_len=8, use_cache=True)
-    uncached = model.greedy_decode(src, valid_lens, BOS, never, max_len=8, use_cache=False)
+    cached = _free(model, src, valid_lens, 8, use_cache=True)
+    uncached = _free(model, src, valid_lens, 8, use_cache=False)
     assert cached.shape == (3, 8) and cached.dtype == torch.long
     assert torch.equal(cached, uncached)
     # ... and both are what teacher forcing on their own output predicts.
     tgt_in = torch.cat([torch.full((3, 1), BOS), cached[:, :-1]], dim=1)
     assert torch.equal(model(src, tgt_in, valid_lens).argmax(-1), cached)
+    # greedy_decode is generate: the same tokens up to each sequence's <eos>, then <eos>.
+    eos = int(cached[0, 3])
+    for use_cache in (True, False):
+        out = model.greedy_decode(src, valid_lens, BOS, eos, max_len=8, use_cache=use_cache)
+        assert torch.equal(out, model.generate(src, valid_lens, 8, bos_id=BOS, eos_id=eos))
+        for b in range(3):
+            hits = (cached[b] == eos).nonzero()
+            end = int(hits[0]) + 1 if len(hits) else 8
+            assert torch.equal(out[b, :end], cached[b, :end]) and (out[b, end:] == eos).all()
 
 
 def test_greedy_decode_respects_max_len_and_restores_mode():
     model = _model().train()
     src, _, valid_lens = _batch()
     for max_len in (1, 5):
-        out = model.greedy_decode(src, valid_lens, BOS, TGT_VOCAB, max_len)
+        out = _free(model, src, valid_lens, max_len)
         assert out.shape == (3, max_len)
-    assert model.training
+        assert model.training
+        out = model.greedy_decode(src, valid_lens, BOS, EOS, max_len)
+        assert out.size(0) == 3 and 1 <= out.size(1) <= max_len
+        assert model.training
 
 
 def test_greedy_decode_stops_when_every_sequence_ended():
@@ -182,7 +198,7 @@ def test_greedy_decode_fills_after_eos(use_cache):
     is filled with <eos>; the others go on unchanged until their own <eos>."""
     model = _model()
     src, _, valid_lens = _batch()
-    free = model.greedy_decode(src, valid_lens, BOS, TGT_VOCAB, 8, use_cache=use_cache)
+    free = _free(model, src, valid_lens, 8, use_cache=use_cache)
     eos = int(free[0, 0])
     out = model.greedy_decode(src, valid_lens, BOS, eos, 8, use_cache=use_cache)
     ends = []
@@ -218,7 +234,7 @@ def test_kv_cache_projects_only_new_tokens():
                     getattr(getattr(block, attn), proj).register_forward_hook(record(name))
                 )
 
-    model.greedy_decode(src, valid_lens, BOS, TGT_VOCAB, max_len, use_cache=True)
+    _free(model, src, valid_lens, max_len, use_cache=True)
     for i in range(NUM_LAYERS):
         for proj in ("W_k", "W_v"):
             assert seen[f"{i}.cross_attn.{proj}"] == [(3, 6, D_MODEL)]  # the memory, once
@@ -227,7 +243,7 @@ def test_kv_cache_projects_only_new_tokens():
             assert seen[f"{i}.{attn}.W_q"] == [(3, 1, D_MODEL)] * max_len
 
     seen.clear()
-    model.greedy_decode(src, valid_lens, BOS, TGT_VOCAB, max_len, use_cache=False)
+    _free(model, src, valid_lens, max_len, use_cache=False)
     for i in range(NUM_LAYERS):
         for proj in ("W_k", "W_v"):
             assert seen[f"{i}.cross_attn.{proj}"] == [(3, 6, D_MODEL)] * max_len

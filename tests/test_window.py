@@ -5,52 +5,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import CLOSE, EXACT, seeded
 
 import mhbook
 
 transformers = pytest.importorskip("transformers")
-from transformers import DynamicCache, MistralConfig  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
 from transformers.masking_utils import create_sliding_window_causal_mask  # noqa: E402
-from transformers.models.mistral.modeling_mistral import (  # noqa: E402
-    MistralAttention,
-    MistralRotaryEmbedding,
-)
 
+# hf_mistral_attention's (conftest.py): 4 query heads of 8 features, 2 key/value heads.
 D_MODEL, NUM_HEADS, NUM_KV_HEADS, D_HEAD = 32, 4, 2, 8
-
-
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def _config(window):
-    config = MistralConfig(
-        hidden_size=D_MODEL, num_attention_heads=NUM_HEADS, num_key_value_heads=NUM_KV_HEADS,
-        head_dim=D_HEAD, sliding_window=window, num_hidden_layers=1, attention_dropout=0.0,
-    )  # fmt: skip
-    config._attn_implementation = "sdpa"  # "eager" takes the softmax in float32
-    return config
-
-
-def _mistral_pair(window):
-    config = _config(window)
-    torch.manual_seed(0)
-    mistral = MistralAttention(config, layer_idx=0).double().eval()
-    rope = mhbook.RotaryEmbedding(D_HEAD, base=config.rope_parameters["rope_theta"])
-    ours = mhbook.GroupedQueryAttention(D_MODEL, NUM_HEADS, NUM_KV_HEADS, rope=rope).double()
-    with torch.no_grad():
-        for mine, theirs in zip(
-            ("W_q", "W_k", "W_v", "W_o"), ("q_proj", "k_proj", "v_proj", "o_proj")
-        ):
-            getattr(ours, mine).weight.copy_(getattr(mistral, theirs).weight)
-    return config, mistral, MistralRotaryEmbedding(config), ours.eval()
 
 
 @pytest.mark.parametrize("window", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("length", [1, 4, 8])
-def test_window_mask_equals_transformers(window, length):
+def test_window_mask_equals_transformers(window, length, hf_mistral_attention):
     """The mask transformers builds for Mistral is mhbook's causal_mask(..., window=)."""
-    config = _config(window)
+    config, _, _ = hf_mistral_attention(window)
     x = torch.zeros(2, length, D_MODEL)
     theirs = create_sliding_window_causal_mask(
         config, x, None, None, position_ids=torch.arange(length)[None], allow_is_causal_skip=False
@@ -61,25 +32,27 @@ def test_window_mask_equals_transformers(window, length):
 
 
 @pytest.mark.parametrize("window", [2, 3, 16])
-def test_gqa_with_window_equals_mistral_attention(window):
-    config, mistral, mistral_rope, ours = _mistral_pair(window)
-    x, length = _randn(2, 9, D_MODEL, seed=1), 9
+def test_gqa_with_window_equals_mistral_attention(window, hf_mistral_attention):
+    config, mistral, mistral_rope = hf_mistral_attention(window)
+    ours = mhbook.MultiHeadAttention.from_hf(mistral)
+    x, length = seeded(2, 9, D_MODEL, seed=1), 9
     position_ids = torch.arange(length)[None]
     mask = create_sliding_window_causal_mask(
         config, x, None, None, position_ids=position_ids, allow_is_causal_skip=False
     )
     theirs, _ = mistral(x, position_embeddings=mistral_rope(x, position_ids), attention_mask=mask)
-    mine = ours(x, mhbook.causal_mask(length, window=window))
-    torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-10)
+    mine, _ = ours(x, mask=mhbook.causal_mask(length, window=window))
+    torch.testing.assert_close(mine, theirs, **CLOSE)
 
 
-def test_rolling_cache_equals_mistral_with_its_sliding_cache():
+def test_rolling_cache_equals_mistral_with_its_sliding_cache(hf_mistral_attention):
     """Token by token, both with a cache of fixed size: the same outputs. transformers keeps
     the last window - 1 keys (the next query adds its own); mhbook's LayerCache keeps the
     last window (one more)."""
     window, length = 3, 10
-    config, mistral, mistral_rope, ours = _mistral_pair(window)
-    x = _randn(1, length, D_MODEL, seed=2)
+    config, mistral, mistral_rope = hf_mistral_attention(window)
+    ours = mhbook.MultiHeadAttention.from_hf(mistral)
+    x = seeded(1, length, D_MODEL, seed=2)
     theirs_cache, our_cache = DynamicCache(config=config), mhbook.LayerCache(window)
     for t in range(length):
         step, position_ids = x[:, t : t + 1], torch.tensor([[t]])
@@ -91,13 +64,11 @@ def test_rolling_cache_equals_mistral_with_its_sliding_cache():
             past_key_values=theirs_cache,
         )  # fmt: skip
         our_mask = mhbook.causal_mask(1, our_cache.num_kept + 1, window=window)
-        mine = ours(step, our_mask, cache=our_cache)
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-10)
+        mine, _ = ours(step, mask=our_mask, cache=our_cache)
+        torch.testing.assert_close(mine, theirs, **CLOSE)
         assert our_cache.num_kept == min(t + 1, window)
         assert theirs_cache.layers[0].keys.size(2) == min(t + 1, window - 1)
-    torch.testing.assert_close(
-        our_cache.keys[:, :, 1:], theirs_cache.layers[0].keys, rtol=0, atol=1e-12
-    )
+    torch.testing.assert_close(our_cache.keys[:, :, 1:], theirs_cache.layers[0].keys, **EXACT)
 
 
 def _step_by_step(gqa, x, window, chunks):
@@ -106,7 +77,7 @@ def _step_by_step(gqa, x, window, chunks):
     while start < x.size(1):
         size = min(chunks[i % len(chunks)], x.size(1) - start)
         mask = mhbook.causal_mask(size, cache.num_kept + size, window=window)
-        outputs.append(gqa(x[:, start : start + size], mask, cache=cache))
+        outputs.append(gqa(x[:, start : start + size], mask=mask, cache=cache)[0])
         nbytes.append(cache.nbytes)
         start, i = start + size, i + 1
     return torch.cat(outputs, dim=1), cache, nbytes
@@ -120,14 +91,16 @@ def test_rolling_cache_equals_full_attention_with_the_window_mask(position, chun
     window, length = 4, 13
     extra = {"rope": {"rope": mhbook.RotaryEmbedding(D_HEAD)}, "alibi": {"alibi": mhbook.ALiBi(4)}}
     torch.manual_seed(0)
-    gqa = mhbook.GroupedQueryAttention(D_MODEL, NUM_HEADS, NUM_KV_HEADS, **extra.get(position, {}))
+    gqa = mhbook.MultiHeadAttention(
+        D_MODEL, NUM_HEADS, num_kv_heads=NUM_KV_HEADS, bias=False, **extra.get(position, {})
+    )
     gqa = gqa.double().eval()
-    x = _randn(2, length, D_MODEL, seed=3)
-    full = gqa(x, mhbook.causal_mask(length, window=window))
+    x = seeded(2, length, D_MODEL, seed=3)
+    full, _ = gqa(x, mask=mhbook.causal_mask(length, window=window))
     stepped, cache, nbytes = _step_by_step(gqa, x, window, chunks)
-    torch.testing.assert_close(stepped, full, rtol=0, atol=1e-12)
+    torch.testing.assert_close(stepped, full, **EXACT)
     # Full attention differs: the window matters on this input.
-    assert not torch.allclose(stepped, gqa(x, mhbook.causal_mask(length)))
+    assert not torch.allclose(stepped, gqa(x, mask=mhbook.causal_mask(length))[0])
     # keys and values: 2 tensors x batch 2 x 2 heads x window 4 x d_head 8 x 8 bytes.
     flat = 2 * 2 * NUM_KV_HEADS * window * D_HEAD * 8
     assert cache.nbytes == flat == 2048 and cache.length == length
@@ -136,6 +109,7 @@ def test_rolling_cache_equals_full_attention_with_the_window_mask(position, chun
 
 def test_without_a_window_the_cache_grows():
     torch.manual_seed(0)
-    gqa = mhbook.GroupedQueryAttention(D_MODEL, NUM_HEADS, NUM_KV_HEADS).double().eval()
-    _, cache, nbytes = _step_by_step(gqa, _randn(1, 6, D_MODEL), None, (1,))
+    gqa = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, num_kv_heads=NUM_KV_HEADS, bias=False)
+    gqa = gqa.double().eval()
+    _, cache, nbytes = _step_by_step(gqa, seeded(1, 6, D_MODEL), None, (1,))
     assert nbytes == [2 * NUM_KV_HEADS * t * D_HEAD * 8 for t in range(1, 7)]
