@@ -85,7 +85,7 @@ class LayerCache:
             k: ``(batch, h_kv, T, d_head)``, the ``T`` new tokens' keys.
             v: ``(batch, h_kv, T, d_v)``, their values.
             positions: ``None``, or the new tokens' integer positions ``(T,)`` or
-                ``(batch, T)``, kept beside the keys in :attr:`positions` (pass them at
+                ``(batch, T)``, kept beside the keys in ``positions`` (pass them at
                 every call or at none).
 
         Returns:
@@ -118,7 +118,7 @@ class LayerCache:
     def memory(self, project) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention's keys and values of the encoder output: ``project()`` gives
         them ``(batch, h_kv, S_src, d_head)`` on the first call and they are kept in
-        :attr:`memory_keys`/:attr:`memory_values`; later calls return the kept ones."""
+        ``memory_keys``/``memory_values``; later calls return the kept ones."""
         if self.memory_keys is None:
             self.memory_keys, self.memory_values = project()
         return self.memory_keys, self.memory_values

@@ -69,8 +69,9 @@ class DecoderOnlyLM(Stack):
         Args:
             tokens: ``(batch, T)`` token ids: the whole sequence, or with ``cache`` the
                 new tokens only (``cache.length`` tokens came before them).
-            cache: ``None``, or a :class:`mhbook.KVCache` (:meth:`new_cache`): the new
-                tokens attend to the ones it holds and are added to it.
+            cache: ``None``, or a :class:`mhbook.KVCache`
+                (:meth:`~mhbook.blocks.Stack.new_cache`): the new tokens attend to the
+                ones it holds and are added to it.
             valid_lens: ``(batch,)`` real tokens at the start of each row (the rest is
                 padding): keys past them are masked. Not needed for right-padded rows
                 whose padded positions are ignored by the loss: the causal mask already

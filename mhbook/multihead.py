@@ -37,14 +37,14 @@ from . import attention
 from .cache import LayerCache, _append_positions
 from .checks import check_features, check_int, check_module, check_number, check_positions
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["AttentionLayer", "MultiHeadAttention"]
 
 
 class AttentionLayer(nn.Module):
     """What every attention layer of mhbook does around :func:`mhbook.attend`: the call
     signature, the default positions, keeping the weights for plots, and ``head_mask``.
 
-    Subclasses set ``num_heads`` and call :meth:`_init_outputs` in ``__init__``.
+    Subclasses set ``num_heads`` and call ``self._init_outputs()`` in ``__init__``.
     """
 
     num_heads: int

@@ -478,6 +478,7 @@ def book_model(
     checkpoint: str | os.PathLike | None = "checkpoints/book-transformer.pt",
     progress: bool = True,
     config: Config = BOOK_CONFIG,
+    retrain: bool = False,
 ) -> tuple[Transformer, NumberTranslation, dict | None]:
     """The book's trained Transformer, loaded from ``checkpoint`` or trained now.
 
@@ -494,6 +495,9 @@ def book_model(
         progress: show the training progress bar, and say why a checkpoint that is
             there is not used. ``False`` prints nothing (chapters that only need the
             model, whose printed output nbval compares).
+        retrain: train even where a checkpoint is there, and write it anew (chapter 6,
+            which shows the training). Decided under the checkpoint's lock, so a chapter
+            running at the same time loads this run's model, never a half-written one.
 
     Returns:
         ``(model, data, history)``: the model in eval mode on ``device``, the data,
@@ -511,7 +515,7 @@ def book_model(
     # Two chapters started at once (two notebooks open, or nbval on two workers) must not
     # both train: the second waits for the first's checkpoint and loads it.
     with _exclusive(checkpoint):
-        if checkpoint is not None and Path(checkpoint).exists():
+        if checkpoint is not None and Path(checkpoint).exists() and not retrain:
             stored = _read_checkpoint(checkpoint, say=progress)
             same = stored.get("config") == config.to_dict()
             if same and all(stored.get(k) == v for k, v in expected.items()):

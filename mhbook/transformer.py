@@ -72,10 +72,11 @@ class TransformerDecoder(Stack):
                 new tokens.
             memory: ``(batch, S, d_model)`` from the encoder.
             memory_mask: bool, broadcastable to ``(batch, h, T, S)``.
-            cache: ``None``, or a :class:`mhbook.KVCache` (:meth:`new_cache`) that holds
-                the earlier tokens: ``cache.length`` of them come before ``tgt``. This
-                call adds ``tgt``'s keys and values to it, and on the first call the
-                projected ``memory`` (later calls reuse it: keep ``memory`` the same).
+            cache: ``None``, or a :class:`mhbook.KVCache`
+                (:meth:`~mhbook.blocks.Stack.new_cache`) that holds the earlier tokens:
+                ``cache.length`` of them come before ``tgt``. This call adds ``tgt``'s
+                keys and values to it, and on the first call the projected ``memory``
+                (later calls reuse it: keep ``memory`` the same).
 
         Returns:
             ``(batch, T, vocab_size)``.

@@ -455,3 +455,21 @@ def test_book_model_waits_for_a_training_elsewhere(tmp_path, monkeypatch):
     assert not waiter.is_alive() and not calls  # loaded, not trained
     for p1, p2 in zip(trained.parameters(), result["model"].parameters()):
         assert torch.equal(p1, p2)
+
+
+def test_book_model_retrain_trains_over_a_good_checkpoint(tmp_path, monkeypatch):
+    """retrain=True (chapter 6) trains and writes the checkpoint anew even where a good one
+    is there; without it the checkpoint is loaded and nothing trains."""
+    path = tmp_path / "tiny.pt"
+    book_model(device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG)
+    written = path.stat().st_mtime_ns
+    calls = []
+    real_fit = train_module.fit
+    monkeypatch.setattr(train_module, "fit", lambda *a, **k: calls.append(1) or real_fit(*a, **k))
+    book_model(device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG)
+    assert calls == []
+    _, _, history = book_model(
+        device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG, retrain=True
+    )
+    assert calls == [1] and path.stat().st_mtime_ns > written
+    assert len(history["step"]) == TINY_CONFIG.train.num_steps

@@ -19,12 +19,9 @@ from importlib import resources
 
 import numpy as np
 
-from ..colours import COLOURMAP, DARK_ABOVE, text_colour
+from ..colours import COLOURMAP, DARK_ABOVE, text_colour  # noqa: F401 (text_colour: for users)
 
 __all__ = [
-    "COLOURMAP",
-    "DARK_ABOVE",
-    "text_colour",
     "colour_table",
     "colour_scale",
     "heatmap_svg",
@@ -70,9 +67,10 @@ def colour_scale(
 ) -> dict:
     """What the JavaScript needs to colour a cell: ``{"colours": [...], "darkAbove": ...}``.
 
-    The attention weights' scale (the default: :data:`COLOURMAP` from 0 to 1) writes a
-    cell's value in white past :data:`DARK_ABOVE`. Another ``cmap`` adds ``"text"``, the text
-    colour of each colour; another range adds ``"vmin"`` and ``"vmax"``.
+    The attention weights' scale (the default: :data:`mhbook.colours.COLOURMAP` from 0 to 1)
+    writes a cell's value in white past :data:`mhbook.colours.DARK_ABOVE`. Another ``cmap``
+    adds ``"text"``, the text colour of each colour; another range adds ``"vmin"`` and
+    ``"vmax"``.
     """
     scale = {"colours": list(colour_table(cmap)), "darkAbove": DARK_ABOVE}
     if cmap != COLOURMAP:
