@@ -5,7 +5,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup chromium book test bench
+.PHONY: setup chromium book test bench notebooks
 
 setup: $(VENV)/.installed
 
@@ -44,3 +44,8 @@ test: setup chromium
 
 bench: setup
 	$(BIN)/python -m benchmarks.bench
+
+# The chapters as Colab and Jupyter show them (glued numbers written out): run after executing a
+# chapter; tests/test_reader_notebooks.py fails while notebooks/ is stale.
+notebooks: setup
+	$(BIN)/python _ext/reader_notebooks.py

@@ -14,6 +14,11 @@ Bibliography labels
     The pybtex style ``mhbook_author_year`` labels the entries of the bibliography
     "Vaswani et al. 2017", like the author-year citations in the text.
 
+Reader copies
+    Jupyter and Colab render none of MyST's roles, so the chapters have plain copies in
+    ``notebooks/`` (``_ext/reader_notebooks.py``). The Colab button of a chapter opens its copy,
+    and the page's ``.ipynb`` download gives it.
+
 API reference
     The directive ``{mhbook-api}`` writes one section per module of the ``mhbook``
     package, found by :mod:`pkgutil` and documented with ``automodule``, so the
@@ -117,6 +122,31 @@ def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
         shutil.copytree(MATHJAX_SOURCE, target, dirs_exist_ok=True)
 
 
+READER_COPIES = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def _colab_opens_reader_copy(app: Sphinx, pagename, templatename, context, doctree) -> None:
+    """Point a chapter's Colab button at ``notebooks/<chapter>.ipynb`` (runs after the theme's)."""
+    name = pagename.rpartition("/")[2]
+    if not pagename.startswith("chapters/") or not (READER_COPIES / f"{name}.ipynb").is_file():
+        return
+    for group in context.get("header_buttons", []):
+        for button in group.get("buttons", []) if group.get("label") == "launch-buttons" else []:
+            if button.get("text") == "Colab":
+                button["url"] = button["url"].replace(
+                    f"/{pagename}.ipynb", f"/notebooks/{name}.ipynb"
+                )
+
+
+def _download_reader_copies(app: Sphinx, exception) -> None:
+    """The ``.ipynb`` download of a chapter's page is its reader copy, not the MyST source."""
+    if exception is None and app.builder.format == "html":
+        sources = Path(app.outdir) / "_sources" / "chapters"
+        for copy in READER_COPIES.glob("*.ipynb"):
+            if (sources / copy.name).is_file():
+                shutil.copyfile(copy, sources / copy.name)
+
+
 class AuthorYearLabels(BaseLabelStyle):
     """Bibliography labels that match the author-year citations: "Vaswani et al. 2017"."""
 
@@ -213,6 +243,8 @@ def setup(app: Sphinx) -> dict:
     app.connect("build-finished", _copy_mathjax)
     app.connect("html-page-context", _drop_unused_thebe)
     app.connect("html-page-context", _citations_as_list_items)
+    app.connect("html-page-context", _colab_opens_reader_copy, priority=600)
+    app.connect("build-finished", _download_reader_copies)
     app.add_css_file("mhbook-mathjax2.css")
     app.add_css_file("mhbook-figures.css")
     app.add_directive("mhbook-api", PackageApi)

@@ -103,11 +103,13 @@ def repository(root: Path = ROOT) -> tuple[str, str, str]:
 
 
 def colab_url(page: Page, root: Path = ROOT) -> str:
-    """The Colab address that the launch button of ``page`` must point at."""
+    """The Colab address that the launch button of ``page`` must point at: the chapter's reader
+    copy in ``notebooks/`` (``_ext/reader_notebooks.py``), where MyST's roles are plain text."""
     url, branch, path_to_book = repository(root)
     org_repo = url.split("github.com/", 1)[-1]
     prefix = f"{path_to_book}/" if path_to_book else ""
-    return f"https://colab.research.google.com/github/{org_repo}/blob/{branch}/{prefix}{page.file}.ipynb"
+    name = Path(page.file).name
+    return f"https://colab.research.google.com/github/{org_repo}/blob/{branch}/{prefix}notebooks/{name}.ipynb"
 
 
 def no_execute_config(root: Path, out_dir: Path) -> Path:

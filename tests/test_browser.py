@@ -295,6 +295,18 @@ def test_book_builds(build):
         pytest.fail(build.report(), pytrace=False)
 
 
+def test_downloads_are_reader_copies(build):
+    """A chapter page's ``.ipynb`` download is its reader copy in ``notebooks/``, which exists."""
+    chapters = [p for p in PAGES if p.is_notebook]
+    assert chapters
+    for page in chapters:
+        name = Path(page.file).name + ".ipynb"
+        copy = ROOT / "notebooks" / name
+        assert copy.is_file(), f"no reader copy {copy} for {page.file} (make notebooks)"
+        download = build.html_dir / "_sources" / "chapters" / name
+        assert download.read_text() == copy.read_text(), f"{download} is not notebooks/{name}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[p.file for p in PAGES])
 def test_page(page, visit):
     tab = visit.open(page.html)

@@ -1,0 +1,201 @@
+"""The chapters as a reader opens them in Colab or Jupyter: ``notebooks/``, made from ``chapters/``.
+
+The chapters in ``chapters/`` are written for the HTML book, in MyST: the prose quotes computed
+numbers with myst-nb's ``{glue:text}`` role, cites papers with ``{cite}``, links pages with
+``{doc}``, and hides hints and solutions in ``{admonition}`` dropdowns. Jupyter and Colab render
+none of these, so a reader there would see ``{glue:text}`test_exact:.1f``` where the book shows
+a number. This script writes a copy of each chapter in plain Jupyter Markdown:
+
+* every ``{glue:text}`key:fmt``` becomes the value the committed run glued, formatted as
+  myst-nb formats it (its own ``format_plain_text``), and a note under the title says that the
+  numbers in the text are those of the book's recorded run, while the outputs are the reader's;
+* ``{cite}`key``` becomes "(Vaswani et al., 2017)", linked to the paper where
+  ``references.bib`` gives an address;
+* ``{doc}`` links become links to the other notebooks (or to the page on the repository);
+* ``{admonition}`` dropdowns become HTML ``<details>``, which Jupyter and Colab fold;
+* outputs are left out: the reader runs the chapter.
+
+The book's launch button opens these copies in Colab, and the page's ``.ipynb`` download gives
+them (``_ext/mhbook_sphinx.py``). ``tests/test_reader_notebooks.py`` checks that the committed
+copies are what this script makes from the committed chapters, so after executing a chapter run
+``make notebooks`` (or ``python _ext/reader_notebooks.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+from myst_nb.core.variables import format_plain_text
+from myst_nb.ext.glue import extract_glue_data_cell
+from pybtex.database import parse_file
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = ROOT / "chapters"
+NOTEBOOKS = ROOT / "notebooks"
+
+GLUE = re.compile(r"\{glue:text\}`([^`]+)`")
+CITE = re.compile(r"\{cite(?::[a-z]+)?\}`([^`]+)`")
+DOC = re.compile(r"\{doc\}`(?:([^`<]*?)\s*<([^`>]+)>|([^`]+))`")
+ADMONITION = re.compile(
+    r"^```\{admonition\}[ \t]*([^\n]*)\n((?::[a-z_]+:[^\n]*\n)*)(.*?)^```[ \t]*$", re.M | re.S
+)
+LEFTOVER = re.compile(r"\{[a-z][a-z:\-]*\}`|^```\{|^:::", re.M)
+
+NOTE = (
+    "> **Reading this outside the book.** This is the Colab/Jupyter copy of the chapter, made from "
+    "the book's source by `_ext/reader_notebooks.py`. Numbers quoted in the text come from the "
+    "book's recorded run of this notebook (on a CPU); when you run the cells, the outputs are "
+    "yours, and measured times or trained results may differ in their last digits. "
+    "Hints and solutions are folded: click to open them."
+)
+
+
+class ReaderCopyError(ValueError):
+    """A chapter uses something this script cannot write in plain Jupyter Markdown."""
+
+
+def repository() -> tuple[str, str]:
+    """The repository's address and branch, from ``_config.yml`` (the one place they are set)."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    return config["repository"]["url"].rstrip("/"), config["repository"].get("branch", "main")
+
+
+def citations() -> dict[str, tuple[str, str | None]]:
+    """``key -> ("Vaswani et al., 2017", url or None)`` for every entry of ``references.bib``."""
+    out = {}
+    for key, entry in parse_file(ROOT / "references.bib").entries.items():
+        people = entry.persons.get("author") or entry.persons.get("editor") or []
+        names = [" ".join(p.last_names).replace("{", "").replace("}", "") for p in people]
+        who = f"{names[0]} et al." if len(names) > 2 else " and ".join(names) or key
+        out[key] = (f"{who}, {entry.fields.get('year', 'n.d.')}", entry.fields.get("url"))
+    return out
+
+
+def glued_values(notebook) -> dict[str, dict]:
+    """The data every ``glue`` call of the notebook recorded, by name (as myst-nb reads it)."""
+    values = {}
+    for cell in copy.deepcopy(notebook).cells:
+        if cell.cell_type == "code":
+            values.update(dict(extract_glue_data_cell(cell)))
+    return values
+
+
+def _title(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return path.stem
+
+
+def plain_markdown(text: str, *, values, cites, where: str) -> str:
+    """One markdown cell of a chapter in plain Jupyter Markdown (see the module's docstring)."""
+    url, branch = repository()
+
+    def glue(match):
+        key, _, fmt = match.group(1).partition(":")
+        if key not in values:
+            raise ReaderCopyError(f"{where}: {{glue:text}} names {key!r}, which no cell glued")
+        return format_plain_text(values[key]["data"]["text/plain"], fmt)
+
+    def cite(match):
+        parts = []
+        for key in (k.strip() for k in match.group(1).split(",")):
+            if key not in cites:
+                raise ReaderCopyError(f"{where}: {{cite}} names {key!r}, not in references.bib")
+            label, link = cites[key]
+            parts.append(f"[{label}]({link})" if link else label)
+        return "(" + "; ".join(parts) + ")"
+
+    def doc(match):
+        text, target = (
+            (match.group(1), match.group(2)) if match.group(2) else (None, match.group(3))
+        )
+        target = target.strip()
+        if (CHAPTERS / f"{target}.ipynb").is_file():
+            return f"[{text or target}]({target}.ipynb)"
+        page = (CHAPTERS / f"{target}.md").resolve()
+        if page.is_file():
+            rel = page.relative_to(ROOT).as_posix()
+            return f"[{text or _title(page)}]({url}/blob/{branch}/{rel})"
+        raise ReaderCopyError(f"{where}: {{doc}} names {target!r}, which is not a page")
+
+    def admonition(match):
+        title, body = match.group(1).strip() or "Note", match.group(3).strip("\n")
+        return f"<details>\n<summary><b>{title}</b></summary>\n\n{body}\n\n</details>"
+
+    text = GLUE.sub(glue, text)
+    text = CITE.sub(cite, text)
+    text = DOC.sub(doc, text)
+    text = ADMONITION.sub(admonition, text)
+    left = LEFTOVER.search(text)
+    if left:
+        line = text[: left.start()].count("\n") + 1
+        raise ReaderCopyError(f"{where}, line {line}: MyST syntax left: {left.group(0)!r}")
+    return text
+
+
+def reader_copy(path: Path):
+    """The reader's copy of the chapter at ``path``: a new notebook, outputs left out."""
+    notebook = nbformat.read(path, as_version=4)
+    values, cites = glued_values(notebook), citations()
+    out = nbformat.v4.new_notebook(metadata={"kernelspec": notebook.metadata["kernelspec"]})
+    for index, cell in enumerate(notebook.cells):
+        where = f"{path.name}, cell {index}"
+        if cell.cell_type == "markdown":
+            source = plain_markdown(cell.source, values=values, cites=cites, where=where)
+            new = nbformat.v4.new_markdown_cell(source)
+        elif cell.cell_type == "code":
+            new = nbformat.v4.new_code_cell(cell.source)
+            if "tags" in cell.metadata:
+                new.metadata["tags"] = list(cell.metadata["tags"])
+        else:
+            new = nbformat.v4.new_raw_cell(cell.source)
+        new.id = cell.get("id", new.id)
+        out.cells.append(new)
+        if index == 0 and cell.cell_type == "markdown":
+            note = nbformat.v4.new_markdown_cell(NOTE)
+            note.id = "reader-copy-note"
+            out.cells.append(note)
+    return out
+
+
+def render(notebook) -> str:
+    return nbformat.writes(notebook) + "\n"
+
+
+def expected() -> dict[str, str]:
+    """``file name -> text`` of every reader copy, from the committed chapters."""
+    return {p.name: render(reader_copy(p)) for p in sorted(CHAPTERS.glob("*.ipynb"))}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--check", action="store_true", help="only say whether notebooks/ is current"
+    )
+    args = parser.parse_args(argv)
+    want = expected()
+    have = {p.name: p.read_text() for p in NOTEBOOKS.glob("*.ipynb")}
+    stale = sorted(n for n in want.keys() | have.keys() if want.get(n) != have.get(n))
+    if args.check:
+        for name in stale:
+            print(f"notebooks/{name} is not what _ext/reader_notebooks.py makes", file=sys.stderr)
+        return 1 if stale else 0
+    NOTEBOOKS.mkdir(exist_ok=True)
+    for name in stale:
+        if name in want:
+            (NOTEBOOKS / name).write_text(want[name])
+        else:
+            (NOTEBOOKS / name).unlink()
+        print(f"wrote notebooks/{name}" if name in want else f"removed notebooks/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
