@@ -14,6 +14,11 @@ Bibliography labels
     The pybtex style ``mhbook_author_year`` labels the entries of the bibliography
     "Vaswani et al. 2017", like the author-year citations in the text.
 
+Links to the source
+    ``{source}`tests/test_lm.py``` (or ``{source}`the test <tests/test_lm.py::name>```) links a
+    file of the repository, at the address and branch set once in ``_config.yml``; a path that
+    does not exist is a build warning.
+
 Reader copies
     Jupyter and Colab render none of MyST's roles, so the chapters have plain copies in
     ``notebooks/`` (``_ext/reader_notebooks.py``). The Colab button of a chapter opens its copy,
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import shutil
 from pathlib import Path
 
@@ -120,6 +126,31 @@ def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
     if exception is None and app.builder.format == "html":
         target = Path(app.outdir) / "_static" / "mathjax"
         shutil.copytree(MATHJAX_SOURCE, target, dirs_exist_ok=True)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_ROLE = re.compile(r"^(?:(.*?)\s*<([^<>]+)>|(.+))$", re.S)
+
+
+def source_url(config: Config, path: str) -> str:
+    """The address of ``path`` (a file of the repository) on the repository's site."""
+    options = config.html_theme_options
+    url = str(options.get("repository_url", "")).rstrip("/")
+    return f"{url}/blob/{options.get('repository_branch') or 'main'}/{path}"
+
+
+def _source_role(name, rawtext, text, lineno, inliner, options=None, content=None):
+    """``{source}`path``` or ``{source}`label <path>```: a link to a file of the repository."""
+    match = SOURCE_ROLE.match(text.strip())
+    label, target = (match.group(1), match.group(2)) if match.group(2) else (None, match.group(3))
+    path = target.split("::")[0].strip()
+    if not (ROOT / path).is_file():
+        message = inliner.reporter.warning(f"{{source}}: no file {path!r} in the repository")
+        return [inliner.problematic(rawtext, rawtext, message)], [message]
+    config = inliner.document.settings.env.app.config
+    link = nodes.reference(rawtext, "", refuri=source_url(config, path))
+    link += nodes.literal(label or target, label or target) if not label else nodes.Text(label)
+    return [link], []
 
 
 READER_COPIES = Path(__file__).resolve().parents[1] / "notebooks"
@@ -248,6 +279,7 @@ def setup(app: Sphinx) -> dict:
     app.add_css_file("mhbook-mathjax2.css")
     app.add_css_file("mhbook-figures.css")
     app.add_directive("mhbook-api", PackageApi)
+    app.add_role("source", _source_role)
     app.connect("missing-reference", _resolve_reexports)
     app.connect("autodoc-skip-member", _skip_namedtuple_fields)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

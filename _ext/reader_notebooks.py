@@ -11,6 +11,7 @@ a number. This script writes a copy of each chapter in plain Jupyter Markdown:
   numbers in the text are those of the book's recorded run, while the outputs are the reader's;
 * ``{cite}`key``` becomes "(Vaswani et al., 2017)", linked to the paper where
   ``references.bib`` gives an address;
+* ``{source}`` links to a file of the repository become ordinary links;
 * ``{doc}`` links become links to the other notebooks (or to the page on the repository);
 * ``{admonition}`` dropdowns become HTML ``<details>``, which Jupyter and Colab fold;
 * outputs are left out: the reader runs the chapter.
@@ -41,6 +42,7 @@ NOTEBOOKS = ROOT / "notebooks"
 
 GLUE = re.compile(r"\{glue:text\}`([^`]+)`")
 CITE = re.compile(r"\{cite(?::[a-z]+)?\}`([^`]+)`")
+SOURCE = re.compile(r"\{source\}`(?:([^`<]*?)\s*<([^`>]+)>|([^`]+))`")
 DOC = re.compile(r"\{doc\}`(?:([^`<]*?)\s*<([^`>]+)>|([^`]+))`")
 ADMONITION = re.compile(
     r"^```\{admonition\}[ \t]*([^\n]*)\n((?::[a-z_]+:[^\n]*\n)*)(.*?)^```[ \t]*$", re.M | re.S
@@ -125,6 +127,17 @@ def plain_markdown(text: str, *, values, cites, where: str) -> str:
             return f"[{text or _title(page)}]({url}/blob/{branch}/{rel})"
         raise ReaderCopyError(f"{where}: {{doc}} names {target!r}, which is not a page")
 
+    def source(match):
+        label, target = (
+            (match.group(1), match.group(2)) if match.group(2) else (None, match.group(3))
+        )
+        path = target.split("::")[0].strip()
+        if not (ROOT / path).is_file():
+            raise ReaderCopyError(
+                f"{where}: {{source}} names {path!r}, not a file of the repository"
+            )
+        return f"[{label or f'`{target}`'}]({url}/blob/{branch}/{path})"
+
     def admonition(match):
         title, body = match.group(1).strip() or "Note", match.group(3).strip("\n")
         return f"<details>\n<summary><b>{title}</b></summary>\n\n{body}\n\n</details>"
@@ -132,6 +145,7 @@ def plain_markdown(text: str, *, values, cites, where: str) -> str:
     text = GLUE.sub(glue, text)
     text = CITE.sub(cite, text)
     text = DOC.sub(doc, text)
+    text = SOURCE.sub(source, text)
     text = ADMONITION.sub(admonition, text)
     left = LEFTOVER.search(text)
     if left:

@@ -79,11 +79,18 @@ def test_citations_links_and_dropdowns_become_plain_markdown():
     cites = {"a2017": ("Vaswani et al., 2017", None), "b2020": ("Su et al., 2021", "https://x")}
     text = (
         "See {cite}`a2017,b2020` and {doc}`the next chapter <02-scaled-dot-product-attention>`.\n"
+        "{source}`tests/test_lm.py::test_x` and {source}`a test <tests/test_lm.py>`\n"
         "```{admonition} Hint\n:class: dropdown\nTry $x$.\n```\n"
     )
     out = reader_notebooks.plain_markdown(text, values={}, cites=cites, where="t")
     assert "(Vaswani et al., 2017; [Su et al., 2021](https://x))" in out
     assert "[the next chapter](02-scaled-dot-product-attention.ipynb)" in out
+    blob = "https://github.com/mhbook/mhbook/blob/main/tests/test_lm.py"
+    assert f"[`tests/test_lm.py::test_x`]({blob}) and [a test]({blob})" in out
     assert "<details>\n<summary><b>Hint</b></summary>\n\nTry $x$.\n\n</details>" in out
+    with pytest.raises(reader_notebooks.ReaderCopyError, match="'tests/nothing.py'.*not a file"):
+        reader_notebooks.plain_markdown(
+            "{source}`tests/nothing.py`", values={}, cites={}, where="t"
+        )
     with pytest.raises(reader_notebooks.ReaderCopyError, match="MyST syntax left"):
         reader_notebooks.plain_markdown("{numref}`fig-1`", values={}, cites={}, where="t")
