@@ -10,7 +10,21 @@ the modules are importable too (``mhbook.plot``, ``mhbook.data``, ...).
 
 import importlib
 
-from . import alibi, bleu, config, data, hf, launch, lm, lm_data, mla, parallel, rope, train
+from . import (
+    alibi,
+    bleu,
+    config,
+    context_parallel,
+    data,
+    hf,
+    launch,
+    lm,
+    lm_data,
+    mla,
+    parallel,
+    rope,
+    train,
+)
 from .alibi import ALiBi, alibi_slopes
 from .attention import attend, scaled_dot_product_attention
 from .bleu import corpus_bleu, sentence_bleu
@@ -225,6 +239,7 @@ __all__ = [
     "alibi",
     "bleu",
     "config",
+    "context_parallel",
     "data",
     "hf",
     "lm",

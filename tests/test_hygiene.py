@@ -180,7 +180,7 @@ LAYERS = [
     # the other layers of a Transformer, and its blocks
     ["layers", "blocks"],
     # models, their generation and their Hugging Face twins
-    ["transformer", "lm", "parallel", "generate", "hf"],
+    ["transformer", "lm", "parallel", "context_parallel", "generate", "hf"],
     # data, scores, training, launching, and what a trained model does (the viewer's data)
     ["data", "bleu", "lm_data", "train", "launch", "analysis"],
     # pictures

@@ -134,3 +134,24 @@ def test_positional_encoding_rows_do_not_depend_on_the_table_length():
     assert torch.equal(
         mhbook.sinusoidal_encoding(64, 16)[3:5], mhbook.sinusoidal_encoding(2, 16, 3)
     )
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.5])
+def test_rms_norm_equals_hugging_face_and_pytorch(eps):
+    """mhbook.RMSNorm equals transformers' LlamaRMSNorm bit for bit (both compute in float32),
+    and PyTorch's nn.RMSNorm on float32 input; a large eps shows that eps is used."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    ours, theirs = mhbook.RMSNorm(16, eps=eps), LlamaRMSNorm(16, eps=eps)
+    torch_norm = torch.nn.RMSNorm(16, eps=eps)
+    with torch.no_grad():
+        for norm in (ours, theirs, torch_norm):
+            norm.weight.copy_(torch.linspace(0.5, 2.0, 16))
+    x = torch.randn(3, 5, 16) * 0.3
+    assert torch.equal(ours(x), theirs(x))
+    torch.testing.assert_close(ours(x), torch_norm(x), rtol=1e-6, atol=1e-6)
+    x64 = x.double()
+    assert ours(x64).dtype == torch.float64 and torch.equal(
+        ours.double()(x64), theirs.double()(x64)
+    )
