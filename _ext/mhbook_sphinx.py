@@ -19,6 +19,10 @@ Links to the source
     file of the repository, at the address and branch set once in ``_config.yml``; a path that
     does not exist is a build warning.
 
+The live translator
+    Chapter 6 writes its trained model's weights to ``chapters/live/``; after an HTML build they
+    are copied to ``_build/html/_static/live/``, where the live panel fetches them.
+
 Reader copies
     Jupyter and Colab render none of MyST's roles, so the chapters have plain copies in
     ``notebooks/`` (``_ext/reader_notebooks.py``). The Colab button of a chapter opens its copy,
@@ -169,6 +173,14 @@ def _colab_opens_reader_copy(app: Sphinx, pagename, templatename, context, doctr
                 )
 
 
+def _copy_live_files(app: Sphinx, exception) -> None:
+    """The live panel's weights, written by chapter 6 into ``chapters/live/``, served from
+    ``_static/live/`` (``mhbook.explorers.live``)."""
+    source = ROOT / "chapters" / "live"
+    if exception is None and app.builder.format == "html" and source.is_dir():
+        shutil.copytree(source, Path(app.outdir) / "_static" / "live", dirs_exist_ok=True)
+
+
 def _download_reader_copies(app: Sphinx, exception) -> None:
     """The ``.ipynb`` download of a chapter's page is its reader copy, not the MyST source."""
     if exception is None and app.builder.format == "html":
@@ -276,6 +288,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("html-page-context", _citations_as_list_items)
     app.connect("html-page-context", _colab_opens_reader_copy, priority=600)
     app.connect("build-finished", _download_reader_copies)
+    app.connect("build-finished", _copy_live_files)
     app.add_css_file("mhbook-mathjax2.css")
     app.add_css_file("mhbook-figures.css")
     app.add_directive("mhbook-api", PackageApi)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,12 @@ def pytest_collection_modifyitems(items) -> None:
         path = Path(str(item.fspath))
         if path.suffix == ".ipynb":
             item.add_marker(pytest.mark.slow(seconds=seconds(path)))
+
+
+def pytest_configure(config):
+    """Chapter 6 writes the live translator's weights (mhbook.explorers.live.export_translator);
+    under nbval they go to a folder of their own, never over the committed file."""
+    os.environ.setdefault("MHBOOK_LIVE_DIR", tempfile.mkdtemp(prefix="mhbook-live-"))
 
 
 def _chapter_index(path: Path) -> int:

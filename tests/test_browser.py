@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -797,3 +798,173 @@ def _axe_problems(tab) -> list[str]:
         for node in v["nodes"][:3]:
             lines.append(f"    {', '.join(node['target'])}: {node['html'][:160]}")
     return lines
+
+
+# ---- the live translator (chapter 6)
+# The JavaScript forward of mhbook/explorers/static/live.js against PyTorch's forward of the same
+# float16 weights (mhbook.explorers.live.shipped_model), driven from the keyboard.
+
+LIVE_BATCH = """
+async (numbers) => {
+  const out = [];
+  for (const n of numbers) {
+    const r = await window.mhbookLive.translate(String(n));
+    out.push({ n, ids: r.ids, srcIds: r.srcIds, text: r.text, ms: r.ms,
+      logits: await window.mhbookLive.logits(r.srcIds, [BOS, ...r.ids.slice(0, -1)]) });
+  }
+  return out;
+}
+"""
+
+
+def _live_numbers(data, count: int = 60) -> list[int]:
+    """Numbers the test set never held: edge cases and random ones of every size."""
+    seen = set(data.numbers["test"])
+    rng = np.random.default_rng(2026)
+    picked = [0, 7, 13, 80, 100, 101, 1_000, 1_001, 71_080, 100_000, 999_999]
+    while len(picked) < count:
+        n = int(rng.integers(0, 10 ** int(rng.integers(1, 7))))
+        if n not in seen and n not in picked:
+            picked.append(n)
+    return [n for n in picked if n not in seen]
+
+
+def test_live_translator(visit, build):
+    import torch
+
+    from mhbook.data import english_words
+    from mhbook.explorers import live
+    from mhbook.train import BOOK_CONFIG, make_data
+
+    chapter = [p for p in PAGES if Path(p.file).name.startswith("06")]
+    assert chapter, "no chapter 6 in _toc.yml"
+    weights = build.html_dir / "_static" / live.LIVE_FILE
+    assert weights.is_file(), f"the build did not copy {live.LIVE_FILE} into _static"
+    model, meta = live.shipped_model(weights)
+    data = make_data(BOOK_CONFIG)
+    assert meta["src_vocab"] == data.src_vocab.id_to_token
+    bos, eos = data.tgt_vocab.bos_id, data.tgt_vocab.eos_id
+
+    tab = visit.open(chapter[0].html)
+    panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-']")
+    assert panel.count() == 1, "chapter 6 holds no live panel"
+    requested = []
+    tab.on("request", lambda r: requested.append(r.url))
+    assert not any(live.LIVE_FILE in url for url in requested)  # nothing loaded yet
+    summary = panel.locator("summary")
+    summary.scroll_into_view_if_needed()
+    summary.focus()
+    opened = time.perf_counter()
+    tab.keyboard.press("Enter")  # the keyboard opens the panel, which loads the weights
+    status = panel.locator(".mhbook-live-status")
+    expect_text = "Loaded"
+    tab.wait_for_function(
+        "([el, t]) => el.textContent.includes(t)", arg=[status.element_handle(), expect_text]
+    )
+    load_ms = 1e3 * (time.perf_counter() - opened)
+    assert any(url.endswith(live.LIVE_FILE) for url in requested)
+
+    # From the keyboard: Tab to the field, type a number the test set never held, Enter.
+    tab.keyboard.press("Tab")
+    assert tab.evaluate("() => document.activeElement.classList.contains('mhbook-live-input')")
+    number = next(n for n in range(123_457, 200_000) if n not in set(data.numbers["test"]))
+    tab.keyboard.press("Control+A")
+    tab.keyboard.type(f"{number:,}")
+    tab.keyboard.press("Enter")
+    tab.wait_for_function(
+        "(el) => el.textContent.startsWith('Translated')", arg=status.element_handle()
+    )
+    src, lens = data.encode_source([number], "cpu")
+    with torch.no_grad():
+        want = model.generate(src, lens, 40, bos_id=bos, eos_id=eos)
+    assert panel.locator(".mhbook-live-french").text_content() == data.decode_target(want)[0]
+    assert panel.locator(".mhbook-live-english").text_content() == english_words(number)
+    panel.screenshot(path=str(SCREENSHOTS / "live-translate.png"))
+
+    # Step mode from the keyboard: Tab to Step (past Translate), Enter per step; the cache grows
+    # by one French token a step, and its bytes are those of mhbook's KVCache.
+    tab.keyboard.press("Tab")
+    tab.keyboard.press("Tab")
+    assert tab.evaluate("() => document.activeElement.classList.contains('mhbook-live-step')")
+    with torch.no_grad():
+        memory = model.encoder(src, lens)
+        cache = model.decoder.new_cache()
+        tokens, sizes = [bos], []
+        for _ in range(3):
+            logits = model.decoder(torch.tensor([tokens[-1:]]), memory, None, cache)
+            tokens.append(int(logits[0, -1].argmax()))
+            sizes.append(cache.nbytes)
+    for step in range(3):
+        tab.keyboard.press("Enter")
+        rows = panel.locator(".mhbook-live-cache tbody tr")
+        rows.nth(step).wait_for()
+        cells = rows.nth(step).locator("td").all_text_contents()
+        assert rows.count() == step + 1
+        assert cells[3] == str(step + 1) and int(cells[5].replace(",", "")) == sizes[step]
+    panel.screenshot(path=str(SCREENSHOTS / "live-step.png"))
+
+    # Words outside the vocabulary get a message that names them.
+    input_box = panel.locator(".mhbook-live-input")
+    input_box.fill("seventy-one bananas")
+    input_box.press("Enter")
+    error = panel.locator(".mhbook-live-error")
+    error.wait_for()
+    assert '"bananas"' in error.text_content()
+
+    # The same numbers as PyTorch: logits to 1e-4 and the same greedy tokens, 50+ inputs.
+    numbers = _live_numbers(data)
+    assert len(numbers) >= 50
+    results = tab.evaluate(LIVE_BATCH.replace("BOS", str(bos)), numbers)
+    worst, times = 0.0, []
+    for r in results:
+        src, lens = data.encode_source([r["n"]], "cpu")
+        assert r["srcIds"] == src[0].tolist()
+        with torch.no_grad():
+            ids = model.generate(src, lens, 40, bos_id=bos, eos_id=eos)[0].tolist()
+            tgt = torch.tensor([[bos] + ids[:-1]])
+            ref = model.decoder(tgt, model.encoder(src, lens))[0]
+        assert r["ids"] == ids, (r["n"], r["text"])
+        worst = max(worst, (torch.tensor(r["logits"]) - ref).abs().max().item())
+        times.append(r["ms"])
+    assert worst < 1e-4, worst
+
+    # Digits to words: the JavaScript against num2words, edge cases and thousands of numbers.
+    rng = np.random.default_rng(0)
+    check = [0, 1, 9, 10, 11, 15, 19, 20, 21, 99, 100, 101, 110, 999, 1_000, 1_001, 1_010,
+             1_100, 1_101, 10_000, 10_001, 100_000, 100_001, 100_100, 101_000, 110_000,
+             999_999] + [int(n) for n in rng.integers(0, 1_000_000, 3_000)]  # fmt: skip
+    words = tab.evaluate("(ns) => ns.map((n) => window.mhbookLive.numberToWords(n))", check)
+    wrong = [(n, w, english_words(n)) for n, w in zip(check, words) if w != english_words(n)]
+    assert not wrong, wrong[:5]
+
+    # Chapter 7 repeats the panel beside its viewer: the same weights, the same model.
+    chapter7 = [p for p in PAGES if Path(p.file).name.startswith("07")]
+    tab7 = visit.open(chapter7[0].html)
+    panel7 = tab7.locator("div.mhbook-explorer[id^='mhbook-live-']")
+    panel7.locator("summary").focus()
+    tab7.keyboard.press("Enter")
+    tab7.keyboard.press("Tab")
+    tab7.keyboard.press("Enter")  # translates the example, seventy-one thousand and eighty
+    french = panel7.locator(".mhbook-live-french")
+    tab7.wait_for_function("(el) => el.textContent.length > 0", arg=french.element_handle())
+    assert french.text_content() == "soixante et onze mille quatre-vingts"
+
+    assert not visit.js_errors, visit.js_errors
+    assert not visit.external, visit.external
+    assert not visit.failed, visit.failed
+    tab = visit.open(chapter[0].html)  # back to chapter 6, the panel open and translated
+    panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-']")
+    panel.locator("summary").focus()
+    tab.keyboard.press("Enter")
+    tab.keyboard.press("Tab")
+    tab.keyboard.press("Enter")
+    tab.locator(".mhbook-live-maps svg").first.wait_for()
+    # Last, as test_page does: axe-core's CSS preloading asks for _static/basic.css, which the
+    # theme @imports, at the wrong address (a 404 in the console that the page never causes).
+    problems = _axe_problems(tab)
+    assert not problems, problems
+    (SCREENSHOTS / "live-measured.txt").write_text(
+        f"weights {weights.stat().st_size:,} bytes; opened and loaded in {load_ms:.0f} ms; "
+        f"max |JS - PyTorch| {worst:.2e} over {len(results)} inputs; translation median "
+        f"{np.median(times):.1f} ms, max {max(times):.1f} ms\n"
+    )

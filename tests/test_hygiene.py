@@ -193,6 +193,7 @@ LAYERS = [
         "explorers.masks",
         "explorers.positional",
         "explorers.viewer",
+        "explorers.live",
     ],
     ["explorers"],
 ]

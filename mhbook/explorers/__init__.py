@@ -10,6 +10,8 @@ ipywidgets twins (need a kernel).
 * :mod:`mhbook.explorers.viewer`: chapters 6 and 7's viewer of the trained model's attention
   on every test number, every layer, head and kind, with single-head ablations (recorded by
   :mod:`mhbook.analysis`; the viewer only draws them).
+* :mod:`mhbook.explorers.live`: chapter 6's live translator: the trained model's weights
+  exported for the browser, where ``static/live.js`` translates the reader's own numbers.
 * :mod:`mhbook.explorers.twin`: what the ipywidgets twins share (ipywidgets loads lazily).
 * :mod:`mhbook.explorers.svg`: what every explorer shares: the SVG heatmap, bar and line
   charts (redrawn by ``static/heatmap.js`` and ``static/charts.js``), the colour scale,
@@ -19,7 +21,7 @@ ipywidgets twins (need a kernel).
 Importing this package does not import matplotlib or ipywidgets; drawing does.
 """
 
-from . import attention, masks, positional, softmax, svg, viewer
+from . import attention, live, masks, positional, softmax, svg, viewer
 from .attention import (
     attention_explorer,
     attention_explorer_html,
@@ -52,6 +54,7 @@ __all__ = [
     "positional_explorer",
     "positional_explorer_html",
     "attention",
+    "live",
     "softmax",
     "masks",
     "positional",
