@@ -186,4 +186,4 @@ def live_translator_html(url: str = f"../_static/{LIVE_FILE}", example: str = "7
   </div>
 </details>"""
     data = {"url": url, "scale": colour_scale(), "maxNumber": MAX_NUMBER}
-    return HTML(embed(uid, body, ["live.js"], data, css="live.css"))
+    return HTML(embed(uid, body, ["live.js"], data, css=["explorer.css", "live.css"]))

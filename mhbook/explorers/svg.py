@@ -512,7 +512,9 @@ def _json_for_html(data) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def embed(uid: str, body: str, scripts: Sequence[str], data, css: str = "explorer.css") -> str:
+def embed(
+    uid: str, body: str, scripts: Sequence[str], data, css: str | Sequence[str] = "explorer.css"
+) -> str:
     """One self-contained explorer: ``<div class="mhbook-explorer" id=uid>``, holding
     the CSS, ``body``, ``data`` as JSON, and the JavaScript that brings it to life.
 
@@ -525,13 +527,14 @@ def embed(uid: str, body: str, scripts: Sequence[str], data, css: str = "explore
         body: the explorer's HTML (controls, SVG).
         scripts: file names in ``static/``, e.g. ``["heatmap.js", "attention.js"]``.
         data: anything :func:`json.dumps` takes.
-        css: a file name in ``static/``.
+        css: a file name in ``static/``, or several, concatenated in order.
     """
     code = "\n".join(_static(name) for name in scripts)
+    style = "".join(_static(name) for name in ([css] if isinstance(css, str) else css))
     script = _static("embed.js").replace("/* UID */", json.dumps(uid)).replace("/* CODE */", code)
     return (
         f'<div class="mhbook-explorer" id="{html.escape(uid)}">'
-        f"<style>{_static(css)}</style>"
+        f"<style>{style}</style>"
         f"{body}"
         f'<script type="application/json" class="mhbook-explorer-data">{_json_for_html(data)}'
         "</script>"
