@@ -80,7 +80,7 @@ from .utils import (
     use_sharp_figures,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # In Jupyter, figures are retina PNGs (sharp on HiDPI screens); nothing happens elsewhere.
 use_sharp_figures()
