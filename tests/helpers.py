@@ -5,6 +5,8 @@ The Hugging Face attention layers themselves (Llama, Mistral, DeepSeek-V3, rando
 are fixtures of ``conftest.py``: they skip a test when ``transformers`` is missing.
 """
 
+import contextlib
+
 import torch
 
 #: float64, the same arithmetic in another order or on another path (cache, fused kernel).
@@ -59,3 +61,22 @@ def recorded_seconds(path) -> float:
             total += (moment(end) - moment(start)).total_seconds()
             timed = True
     return total if timed else float("inf")
+
+
+@contextlib.contextmanager
+def head_zeroed(layer, head: int, width: int):
+    """The reference for ``head_mask``: inside the block, head ``head``'s slice of the merged
+    heads (``width`` features each) is zeroed just before ``layer.W_o``, by a forward
+    pre-hook, so the layer's output is that of the layer without the head."""
+
+    def zero_head(module, args):
+        (merged,) = args
+        merged = merged.clone()
+        merged[..., head * width : (head + 1) * width] = 0
+        return (merged,)
+
+    handle = layer.W_o.register_forward_pre_hook(zero_head)
+    try:
+        yield layer
+    finally:
+        handle.remove()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import CLOSE, EXACT, additive_mask, seeded
+from helpers import CLOSE, EXACT, additive_mask, head_zeroed, seeded
 from torch import nn
 
 import mhbook
@@ -289,15 +289,8 @@ def test_head_mask_zero_equals_zeroing_that_heads_slice(absorb):
     x, mask = seeded(2, 5, D_MODEL, seed=4), mhbook.causal_mask(5)
     head, d_v = 1, mla.d_v
 
-    def zero_head(module, args):  # runs just before W_o, on the merged heads
-        (merged,) = args
-        merged = merged.clone()
-        merged[..., head * d_v : (head + 1) * d_v] = 0
-        return (merged,)
-
-    handle = mla.W_o.register_forward_pre_hook(zero_head)
-    expected, _ = mla(x, mask=mask)
-    handle.remove()
+    with head_zeroed(mla, head, d_v):
+        expected, _ = mla(x, mask=mask)
     mla.head_mask = torch.ones(NUM_HEADS, dtype=torch.float64)
     mla.head_mask[head] = 0
     for need_weights in (False, True):

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import CLOSE, EXACT, additive_mask, seeded
+from helpers import CLOSE, EXACT, additive_mask, head_zeroed, seeded
 from helpers import randn as _randn
 from helpers import upstream as _upstream
 from torch import nn
@@ -202,15 +202,8 @@ def test_head_mask_zero_equals_zeroing_that_heads_slice(dtype, assert_close):
     x, key, value = _inputs("cross", dtype)
     head, d_head = 2, D_MODEL // NUM_HEADS
 
-    def zero_head(module, args):  # runs just before W_o, on the merged heads
-        (merged,) = args
-        merged = merged.clone()
-        merged[..., head * d_head : (head + 1) * d_head] = 0
-        return (merged,)
-
-    handle = mha.W_o.register_forward_pre_hook(zero_head)
-    expected = mha(x, key, value)[0]
-    handle.remove()
+    with head_zeroed(mha, head, d_head):
+        expected = mha(x, key, value)[0]
     mha.head_mask = torch.ones(NUM_HEADS, dtype=dtype)
     mha.head_mask[head] = 0
     for need_weights in (False, True):
