@@ -1,0 +1,117 @@
+"""nanoGPT's ``shakespeare_char`` CPU quick-start with the book's modern block.
+
+    python -m benchmarks.shakespeare_char [--threads N] [--steps 2000] [--gpt]
+
+Trains :data:`mhbook.SHAKESPEARE_MODEL` (4 layers, 4 query heads and 2 key/value heads,
+``d_model`` 128, RMSNorm, SwiGLU, RoPE, no biases) on Tiny Shakespeare's characters at
+nanoGPT's quick-start settings: context 64, batch 12, 2,000 steps, no dropout, AdamW at
+1e-3 with 100 warm-up steps and cosine decay to 1e-4, gradients clipped at 1.0. nanoGPT's
+README reports a validation loss of about 1.88 nats per character after about 3 minutes on
+a laptop CPU. Prints the validation loss (every character of the last 10 %, once) and the
+training tokens per second.
+
+Before training, it times steps of the modern block against a plain GPT of the same size
+(LayerNorm, GELU feed-forward of ``4 d_model``, biases, four key/value heads, sinusoidal
+positions added to the embeddings: ``mhbook.ModelConfig``'s 2017 choices in pre-norm form),
+alternating the two round after round so that the machine's noise hits both, and prints
+the ratio of their step times. ``--gpt`` also trains the GPT for the same steps, to compare
+the losses the two blocks reach.
+
+A benchmark, not a test: timings depend on the machine. Its goal (issue 23): a validation
+loss at or below 1.88, at a step at least as fast as the plain GPT's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from mhbook import DecoderOnlyLM, set_seed
+from mhbook.shakespeare import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_data
+from mhbook.text import lm_loss, ngram_losses
+from mhbook.train import _train_step, fit, make_optimizer, make_scheduler, valid_loss
+
+#: A plain GPT of the same size: what the modern block replaces.
+GPT_MODEL = SHAKESPEARE_MODEL.replace(
+    num_kv_heads=None,
+    d_ff=4 * SHAKESPEARE_MODEL.d_model,
+    norm="layer",
+    ffn="gelu",
+    bias=True,
+    position="sinusoidal",
+)
+
+
+def parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def step_times(configs: dict, data, rounds: int, steps: int) -> dict[str, float]:
+    """Median seconds per training step of each config, the configs alternating round by
+    round (``steps`` steps each per round, after one warm-up round)."""
+    runs = {}
+    for name, config in configs.items():
+        set_seed(0)
+        model = DecoderOnlyLM(config, vocab_size=65).train()
+        optimizer = make_optimizer(model, SHAKESPEARE_TRAIN)
+        scheduler = make_scheduler(optimizer, SHAKESPEARE_TRAIN)
+        batches = data.batches("train", SHAKESPEARE_TRAIN.batch_size)
+        runs[name] = (model, optimizer, scheduler, batches)
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for r in range(rounds + 1):
+        for name, (model, optimizer, scheduler, batches) in runs.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                batch = next(batches)
+                _train_step(model, batch, lm_loss, optimizer, scheduler, 1.0)
+            if r > 0:  # round 0 warms up
+                times[name].append((time.perf_counter() - start) / steps)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def train(config, data, num_steps: int, label: str) -> None:
+    set_seed(SHAKESPEARE_TRAIN.seed)
+    model = DecoderOnlyLM(config, vocab_size=65)
+    settings = SHAKESPEARE_TRAIN.replace(num_steps=num_steps, eval_every=0)
+    start = time.perf_counter()
+    history = fit(model, data, settings, loss_fn=lm_loss, progress=False)
+    seconds = time.perf_counter() - start
+    tokens = num_steps * settings.batch_size * data.context
+    loss = valid_loss(model, data, "valid", loss_fn=lm_loss)
+    print(
+        f"{label}: {parameters(model):,} parameters, {num_steps} steps in {seconds:.0f} s, "
+        f"{tokens / sum(history['time_s'][-1:]):,.0f} tokens/s"
+    )
+    print(f"{label}: val loss {loss:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the step timing")
+    parser.add_argument("--gpt", action="store_true", help="also train the plain GPT")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    data, chars = shakespeare_data()
+    base = ngram_losses(data.ids["train"], data.ids["valid"], chars.vocab_size)
+    print(
+        f"Tiny Shakespeare, characters: {data}; {torch.get_num_threads()} thread(s), "
+        f"torch {torch.__version__}"
+    )
+    print(f"baselines: unigram {base['unigram']:.3f}, bigram {base['bigram']:.3f} nats/char")
+    configs = {"modern": SHAKESPEARE_MODEL, "gpt": GPT_MODEL}
+    times = step_times(configs, data, rounds=args.rounds, steps=20)
+    for name, seconds in times.items():
+        print(f"step time, {name}: {seconds * 1000:.1f} ms")
+    print(f"step time ratio gpt/modern: {times['gpt'] / times['modern']:.2f} (>= 1: modern faster)")
+    train(SHAKESPEARE_MODEL, data, args.steps, "modern")
+    if args.gpt:
+        train(GPT_MODEL, data, args.steps, "gpt")
+
+
+if __name__ == "__main__":
+    main()
