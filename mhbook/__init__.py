@@ -23,6 +23,8 @@ from . import (
     mla,
     parallel,
     rope,
+    shakespeare,
+    text,
     train,
 )
 from .alibi import ALiBi, alibi_slopes
@@ -45,12 +47,28 @@ from .layers import (
 )
 from .lm import DecoderOnlyLM
 from .lm_data import LMBatch, PromptCompletion, completion_loss, evaluate_lm
-from .masks import causal_mask, check_mask, padding_mask
+from .masks import causal_mask, check_mask, padding_mask, window_slots
 from .measure import peak_memory_bytes
 from .mla import MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
 from .parallel import TensorParallelMultiHeadAttention
-from .rope import RotaryEmbedding
+from .rope import RopeScaling, RotaryEmbedding
+from .shakespeare import (
+    SHAKESPEARE_CONTEXT,
+    SHAKESPEARE_MODEL,
+    SHAKESPEARE_TRAIN,
+    shakespeare_data,
+    shakespeare_model,
+)
+from .text import (
+    CharTokenizer,
+    TextData,
+    lm_loss,
+    load_shakespeare,
+    ngram_losses,
+    split_text,
+    train_bpe,
+)
 from .train import (
     TrainingLog,
     book_model,
@@ -134,12 +152,14 @@ __all__ = [
     "attend",
     "padding_mask",
     "causal_mask",
+    "window_slots",
     "check_mask",
     "MultiHeadAttention",
     "TensorParallelMultiHeadAttention",
     "MultiHeadLatentAttention",
     # position inside attention
     "RotaryEmbedding",
+    "RopeScaling",
     "ALiBi",
     "alibi_slopes",
     # the Transformer
@@ -202,6 +222,19 @@ __all__ = [
     "valid_loss",
     "evaluate",
     "book_model",
+    # Part V: real text, its tokenizers, and the shared Shakespeare model
+    "load_shakespeare",
+    "split_text",
+    "CharTokenizer",
+    "train_bpe",
+    "TextData",
+    "lm_loss",
+    "ngram_losses",
+    "SHAKESPEARE_MODEL",
+    "SHAKESPEARE_TRAIN",
+    "SHAKESPEARE_CONTEXT",
+    "shakespeare_data",
+    "shakespeare_model",
     # utilities
     "get_device",
     "cpu_or_gpu",
@@ -251,5 +284,7 @@ __all__ = [
     "parallel",
     "plot",
     "rope",
+    "shakespeare",
+    "text",
     "train",
 ]

@@ -16,6 +16,10 @@ and keeps, for every number:
 and, per head, the teacher-forced loss of the split (on the reference translations) with
 that head removed. The result, a :class:`ViewerData`, is what the attention viewer of
 chapters 6 and 7 (:mod:`mhbook.explorers.viewer`) shows; this module only measures.
+
+:func:`passage_attention` does the same for a decoder-only language model
+(:class:`mhbook.DecoderOnlyLM`) on a few text passages: the weights of every layer and head,
+which the passage explorer (:mod:`mhbook.explorers.passages`) shows.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from .data import detokenize, tokenize
 from .train import cpu_threads, valid_loss
 from .transformer import record_attention
 
-__all__ = ["Kind", "KINDS", "layer_name", "ViewerData", "viewer_data"]
+__all__ = ["Kind", "KINDS", "layer_name", "ViewerData", "viewer_data", "passage_attention"]
 
 
 class Kind(NamedTuple):
@@ -253,3 +257,57 @@ def viewer_data(
                 layer.head_mask = saved_masks[name]
             model.train(was_training)
     return view
+
+
+# ------------------------------------------------------------------------------ passages
+
+
+def passage_attention(model, passages, batch_size: int = 16) -> np.ndarray:
+    """The attention weights of every layer and head of a decoder-only model on each passage.
+
+    One forward pass per batch of passages, recorded with :func:`mhbook.record_attention`
+    (the layers' own weights: the same softmax that gives the model's output), on the
+    model's device, in eval mode (restored after), without gradients.
+
+    Args:
+        model: a :class:`mhbook.DecoderOnlyLM` (anything whose ``blocks[i].self_attn`` are
+            mhbook attention layers and whose ``model(tokens)`` runs them).
+        passages: ``P`` lists of ``T`` token ids each (all of the same length ``T``), or a
+            ``(P, T)`` array or tensor.
+        batch_size: passages per forward pass.
+
+    Returns:
+        ``(P, L, H, T, T)`` float32 on the CPU: ``[p, l, h, q, k]`` is the weight that query
+        ``q`` of passage ``p`` gives key ``k`` in head ``h`` of layer ``l``; each row sums to
+        1, and is 0 past the query (causal) and outside a sliding window.
+
+    Raises:
+        ValueError: If there is no passage, a passage is empty, or the passages are not all
+            of one length (the message names their lengths).
+    """
+    rows = [[int(t) for t in passage] for passage in passages]
+    lengths = [len(row) for row in rows]
+    if not rows or min(lengths) == 0:
+        raise ValueError(f"passage_attention needs passages of at least one token, got {lengths}")
+    if len(set(lengths)) != 1:
+        raise ValueError(
+            "passage_attention needs passages of one length T, got lengths "
+            f"{lengths} (cut them to the shortest, {min(lengths)})"
+        )
+    device = next(model.parameters()).device
+    names = [f"blocks.{i}.self_attn" for i in range(len(model.blocks))]
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for start in range(0, len(rows), batch_size):
+            tokens = torch.tensor(rows[start : start + batch_size], device=device)
+            with torch.no_grad(), record_attention(model) as recorded:
+                model(tokens)
+            weights = recorded()
+            # (L, batch, H, T, T) -> (batch, L, H, T, T)
+            layers = torch.stack([weights[name].float() for name in names], dim=1)
+            out.append(layers.cpu().numpy())
+    finally:
+        model.train(was_training)
+    return np.concatenate(out)

@@ -49,10 +49,10 @@ def make_attention(
       :attr:`ModelConfig.d_rope` features when ``config.position == "rope"``;
     * otherwise :class:`~mhbook.MultiHeadAttention` with ``config.kv_heads`` key/value
       heads (``num_heads`` of them: multi-head attention; 1: multi-query attention),
-      with a :class:`mhbook.RotaryEmbedding` of base ``config.rope_theta`` when
-      ``config.position == "rope"`` and an :class:`mhbook.ALiBi` when it is ``"alibi"``
-      (in self-attention only: cross-attention has no shared positions, and never a
-      latent).
+      with a :class:`mhbook.RotaryEmbedding` of base ``config.rope_theta`` (scaled by
+      ``config.rope_scaling``) when ``config.position == "rope"`` and an
+      :class:`mhbook.ALiBi` when it is ``"alibi"`` (in self-attention only:
+      cross-attention has no shared positions, and never a latent).
 
     Args:
         config: the model's :class:`~mhbook.ModelConfig`.
@@ -71,6 +71,12 @@ def make_attention(
     if config.d_latent is not None and not cross:
         from .mla import MultiHeadLatentAttention
 
+        if config.sinks and config.position == "rope":
+            raise ValueError(
+                f"ModelConfig.sinks={config.sinks} with d_latent={config.d_latent} and "
+                "position='rope': latent attention caches its RoPE key rotated, at the text "
+                "positions, so it cannot place keys within the cache as sinks need"
+            )
         if config.position == "alibi":
             raise ValueError(
                 "ModelConfig.position='alibi' with d_latent: latent attention with ALiBi "
@@ -90,7 +96,9 @@ def make_attention(
     if not cross and config.position == "rope":
         from .rope import RotaryEmbedding
 
-        extra["rope"] = RotaryEmbedding(config.d_head, config.rope_theta)
+        extra["rope"] = RotaryEmbedding(
+            config.d_head, config.rope_theta, scaling=config.rope_scaling
+        )
     elif not cross and config.position == "alibi":
         from .alibi import ALiBi
 
@@ -106,6 +114,11 @@ def make_attention(
     )
     layer._queries_first = decoder_only  # chapters 9-12's training, bit for bit
     return layer
+
+
+def _make_ffn(config: ModelConfig) -> nn.Module | None:
+    """The block's feed-forward network, ``None`` for ``ffn="none"`` (attention only)."""
+    return None if config.ffn == "none" else make_ffn(config)
 
 
 def _add_norm(config: ModelConfig) -> AddNorm:
@@ -175,14 +188,14 @@ class EncoderBlock(_Block):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.self_attn = make_attention(config)
-        self.ffn = make_ffn(config)
+        self.ffn = _make_ffn(config)
         self.addnorm1 = _add_norm(config)
-        self.addnorm2 = _add_norm(config)
+        self.addnorm2 = _add_norm(config) if self.ffn is not None else None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` ``(batch, L, d_model)``; ``mask`` bool, broadcastable to ``(batch, h, L, L)``."""
         x = self.addnorm1(x, lambda x: self.self_attn(x, mask=mask)[0])
-        return self.addnorm2(x, self.ffn)
+        return x if self.ffn is None else self.addnorm2(x, self.ffn)
 
 
 class DecoderBlock(_Block):
@@ -201,10 +214,10 @@ class DecoderBlock(_Block):
         super().__init__()
         self.self_attn = make_attention(config)
         self.cross_attn = make_attention(config, cross=True)
-        self.ffn = make_ffn(config)
+        self.ffn = _make_ffn(config)
         self.addnorm1 = _add_norm(config)
         self.addnorm2 = _add_norm(config)
-        self.addnorm3 = _add_norm(config)
+        self.addnorm3 = _add_norm(config) if self.ffn is not None else None
 
     def forward(
         self,
@@ -241,7 +254,7 @@ class DecoderBlock(_Block):
             x, lambda x: self.self_attn(x, mask=self_mask, is_causal=is_causal, cache=cache)[0]
         )
         x = self.addnorm2(x, lambda x: self.cross_attn(x, memory, mask=memory_mask, cache=cache)[0])
-        return self.addnorm3(x, self.ffn)
+        return x if self.ffn is None else self.addnorm3(x, self.ffn)
 
 
 class DecoderOnlyBlock(nn.Module):
@@ -250,15 +263,17 @@ class DecoderOnlyBlock(nn.Module):
 
     An encoder block with a causal mask, or a decoder block without cross-attention; with
     ``norm="rms"``, ``ffn="swiglu"``, ``bias=False``, ``position="rope"`` and
-    ``norm_first=True``, Llama's decoder layer.
+    ``norm_first=True``, Llama's decoder layer. With ``ffn="none"`` the self-attention
+    alone (``ffn`` and ``addnorm2`` are ``None``): the attention-only blocks of Elhage et
+    al. (2021).
     """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.self_attn = make_attention(config, decoder_only=True)
-        self.ffn = make_ffn(config)
+        self.ffn = _make_ffn(config)
         self.addnorm1 = _add_norm(config)
-        self.addnorm2 = _add_norm(config)
+        self.addnorm2 = _add_norm(config) if self.ffn is not None else None
 
     def forward(
         self,
@@ -278,7 +293,7 @@ class DecoderOnlyBlock(nn.Module):
                 x, mask=mask, is_causal=is_causal, positions=positions, cache=cache
             )[0],
         )
-        return self.addnorm2(x, self.ffn)
+        return x if self.ffn is None else self.addnorm2(x, self.ffn)
 
 
 class Stack(nn.Module):
@@ -335,9 +350,16 @@ class Stack(nn.Module):
 
     def new_cache(self) -> KVCache:
         """An empty :class:`mhbook.KVCache`, one layer cache per block; with
-        ``config.window`` a rolling one that keeps the last ``window`` tokens. The one
-        place where a model's cache is made."""
-        return KVCache(max(1, len(self.blocks)), window=self.config.window)
+        ``config.window`` a rolling one that keeps the last ``window`` tokens (and the
+        first ``config.sinks``) in the layers that have the window
+        (:attr:`~mhbook.ModelConfig.layer_windows`). The one place where a model's cache
+        is made."""
+        windows = self._cache_windows()
+        return KVCache(len(windows), window=windows, sinks=self.config.sinks)
+
+    def _cache_windows(self) -> tuple[int | None, ...]:
+        """The window of each layer cache (one layer cache for a model without blocks)."""
+        return self.config.layer_windows or (self.config.window,)
 
     def _count_without_blocks(self, cache: KVCache | None, length: int) -> None:
         """A model without blocks caches nothing, but its cache still counts the tokens
@@ -357,11 +379,18 @@ class Stack(nn.Module):
             raise ValueError(
                 f"the model has {len(self.blocks)} layers but the cache has {len(cache.layers)}"
             )
-        if cache.window != self.config.window:
+        windows, sinks = self._cache_windows(), self.config.sinks
+        if (cache.windows, cache.sinks) != (windows, sinks):
             raise ValueError(
-                f"the cache keeps window={cache.window} tokens but the model attends to "
-                f"window={self.config.window}: use model.new_cache()"
+                f"the cache keeps {_span(cache.windows, cache.sinks)} tokens but the model "
+                f"attends to {_span(windows, sinks)}: use model.new_cache()"
             )
+
+
+def _span(windows: tuple[int | None, ...], sinks: int) -> str:
+    """``window=4`` (every layer's), or ``windows=(4, None)``, and ``sinks=`` if any."""
+    span = f"window={windows[0]}" if len(set(windows)) == 1 else f"windows={windows}"
+    return span + (f", sinks={sinks}" if sinks else "")
 
 
 def _check_torch_layer(layer, kind) -> None:

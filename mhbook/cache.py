@@ -12,8 +12,9 @@ again at every step::
     cache.layers[0].keys.shape    # (batch, num_heads, length, d_head)
     cache.nbytes                  # bytes held by all the cached tensors
 
-A :class:`KVCache` is a list of :class:`LayerCache`, one per decoder layer. A layer
-cache holds
+A :class:`KVCache` is a list of :class:`LayerCache`, one per decoder layer, each with
+its layer's window: local layers roll, global ones keep everything (Gemma 2's and 3's
+interleaved layers, ``KVCache(4, window=[2, None, 2, None])``). A layer cache holds
 
 * ``keys`` and ``values`` ``(batch, h_kv, S, d_head)`` of self-attention, which grow by
   the new tokens at every step (:meth:`LayerCache.update`). ``h_kv`` may be smaller than
@@ -22,7 +23,10 @@ cache holds
   token instead of keys and values (:meth:`LayerCache.update_latent`);
 * ``length``: how many tokens it has seen. With a ``window`` it keeps only the keys and
   values of the last ``window`` tokens (a rolling cache for sliding-window attention),
-  but ``length`` still counts every token, so that it stays the next token's position;
+  but ``length`` still counts every token, so that it stays the next token's position.
+  With ``sinks`` as well it also keeps the first ``sinks`` tokens for good (attention
+  sinks, Xiao et al., 2023); the layer then places the keys *within the cache*, see
+  :attr:`LayerCache.streaming`;
 * ``memory_keys`` and ``memory_values`` ``(batch, h, S_src, d_head)``: in an
   encoder-decoder, the encoder output projected once by the cross-attention's ``W_k``
   and ``W_v``, on the first step (``None`` in a decoder-only model).
@@ -35,6 +39,7 @@ the original as it was.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 
@@ -49,10 +54,13 @@ class LayerCache:
     Args:
         window: ``None`` to keep every token's keys and values, or keep only those of
             the last ``window`` tokens.
+        sinks: with a ``window``, also keep the first ``sinks`` tokens for good
+            (StreamingLLM's attention sinks): ``S <= sinks + window``, the sinks first.
 
     Attributes:
         keys, values: ``(batch, h_kv, S, d_head)`` self-attention keys and values of
-            the tokens kept (``S <= window``), or ``None`` before the first step.
+            the tokens kept (``S <= sinks + window``), or ``None`` before the first step.
+            With :attr:`streaming`, keys before RoPE.
         latent: ``(batch, S, d_latent)`` instead of keys and values (latent attention).
         length: tokens seen so far, kept or not.
         memory_keys, memory_values: ``(batch, h_kv, S_src, d_head)``, the projected encoder
@@ -65,9 +73,15 @@ class LayerCache:
     attention cannot share the tokens' history, and each refuses a cache the other filled.
     """
 
-    def __init__(self, window: int | None = None):
+    def __init__(self, window: int | None = None, sinks: int = 0):
         check_int("window", window, 1, optional=True)
+        check_int("sinks", sinks, 0)
+        if sinks and window is None:
+            raise ValueError(
+                f"sinks={sinks} needs a window: without one the cache keeps every token"
+            )
         self.window = window
+        self.sinks = sinks
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.latent: torch.Tensor | None = None
@@ -91,9 +105,10 @@ class LayerCache:
         Returns:
             ``(keys, values)`` ``(batch, h_kv, S + T, ...)``: the kept ones followed by
             the new ones, in time order: what the new queries attend to. (With a
-            ``window`` the cache then keeps only the last ``window`` of them; the new
-            queries still get all, since the first of ``T`` new tokens needs older keys
-            than the last one. Mask them with ``causal_mask(T, S + T, window=window)``.)
+            ``window`` the cache then keeps only the first ``sinks`` and the last
+            ``window`` of them; the new queries still get all, since the first of ``T``
+            new tokens needs older keys than the last one. Mask them with
+            ``causal_mask(T, S + T, window=window, sinks=sinks)``.)
         """
         self._refuse_mixing("keys and values", self.latent, "a latent")
         _check_new("k", k, 4, self.keys)
@@ -142,10 +157,25 @@ class LayerCache:
             )
 
     def _trim(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        if self.window is None or x.size(dim) <= self.window:
+        """The first ``sinks`` and the last ``window`` along ``dim``. The first ``sinks``
+        of ``x`` are the sequence's first tokens: earlier trims kept them in front."""
+        if self.window is None or x.size(dim) <= self.sinks + self.window:
             return x
-        # clone(): a slice would keep the whole concatenated tensor alive.
-        return x.narrow(dim, x.size(dim) - self.window, self.window).clone()
+        recent = x.narrow(dim, x.size(dim) - self.window, self.window)
+        if not self.sinks:
+            # clone(): a slice would keep the whole concatenated tensor alive.
+            return recent.clone()
+        return torch.cat([x.narrow(dim, 0, self.sinks), recent], dim=dim)
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the attention places the keys *within the cache* (StreamingLLM, with
+        ``sinks``): each query's keys, the sinks then its window, sit at positions ``0, 1,
+        ..., m - 1``, the query itself at ``m - 1``, whatever their text positions, so that
+        no distance exceeds ``sinks + window - 1``. The keys are then cached before RoPE
+        (they are rotated anew at every step) and ALiBi measures distances in the cache.
+        See :func:`mhbook.window_slots`."""
+        return self.sinks > 0
 
     @property
     def num_kept(self) -> int:
@@ -175,6 +205,7 @@ class LayerCache:
             if getattr(self, name) is not None
         )
         window = "" if self.window is None else f", window={self.window}"
+        window += f", sinks={self.sinks}" if self.sinks else ""
         return f"LayerCache(length={self.length}{window}{', ' if shapes else ''}{shapes})"
 
 
@@ -183,15 +214,31 @@ class KVCache:
 
     Args:
         num_layers: the decoder's number of layers (blocks), at least 1.
-        window: passed to every :class:`LayerCache`.
+        window: ``None`` or an int, every layer's window; or one window (or ``None``)
+            per layer, for interleaved local and global layers.
+        sinks: the attention sinks of every layer that has a window.
 
     Attributes:
         layers: the list of :class:`LayerCache`, ``layers[i]`` for block ``i``.
     """
 
-    def __init__(self, num_layers: int, window: int | None = None):
+    def __init__(
+        self,
+        num_layers: int,
+        window: int | None | Sequence[int | None] = None,
+        sinks: int = 0,
+    ):
         check_int("num_layers", num_layers, 1)
-        self.layers = [LayerCache(window) for _ in range(num_layers)]
+        windows = list(window) if isinstance(window, Sequence) else [window] * num_layers
+        if len(windows) != num_layers:
+            raise ValueError(
+                f"window must be None, an int or one window per layer ({num_layers}), "
+                f"got {len(windows)} windows: {list(windows)}"
+            )
+        if sinks and all(w is None for w in windows):
+            raise ValueError(f"sinks={sinks} needs a window in some layer, got window={window}")
+        self.sinks = sinks
+        self.layers = [LayerCache(w, sinks if w is not None else 0) for w in windows]
 
     @property
     def length(self) -> int:
@@ -200,8 +247,13 @@ class KVCache:
 
     @property
     def window(self) -> int | None:
-        """The layers' window (``None``: they keep every token)."""
+        """The first layer's window (``None``: it keeps every token); see :attr:`windows`."""
         return self.layers[0].window
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Each layer's window."""
+        return tuple(layer.window for layer in self.layers)
 
     @property
     def nbytes(self) -> int:

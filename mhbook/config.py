@@ -19,6 +19,8 @@ from typing import Any
 from .checks import check_bool, check_choice, check_int, check_number
 
 __all__ = [
+    "ROPE_SCALINGS",
+    "RopeScaling",
     "POSITIONS",
     "NORMS",
     "FFNS",
@@ -39,8 +41,43 @@ POSITIONS = ("sinusoidal", "rope", "alibi", "none")
 NORMS = ("layer", "rms")
 
 #: The feed-forward networks: ``W_2 act(W_1 x)`` with ReLU (the paper) or GELU (BERT,
-#: GPT-2), or the gated SwiGLU ``W_down (silu(W_gate x) * W_up x)`` (Llama, Mistral).
-FFNS = ("relu", "gelu", "swiglu")
+#: GPT-2), or the gated SwiGLU ``W_down (silu(W_gate x) * W_up x)`` (Llama, Mistral);
+#: ``"none"``: no feed-forward sublayer, attention-only blocks (Elhage et al., 2021).
+FFNS = ("relu", "gelu", "swiglu", "none")
+
+
+#: The context-extension methods of :class:`RopeScaling`.
+ROPE_SCALINGS = ("linear", "ntk", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How to stretch RoPE over a context ``factor`` times the one a model was trained on.
+
+    Attributes:
+        kind: one of :data:`ROPE_SCALINGS`: ``"linear"`` (position interpolation, Chen
+            et al., 2023), ``"ntk"`` (NTK-aware scaling, bloc97, 2023) or ``"yarn"``
+            (Peng et al., 2024); :func:`mhbook.rope.rope_frequencies` gives the math of each.
+        factor: ``s >= 1``, the new context over the original one (1: no change).
+        original_context: ``L``, the context the model was trained on (Hugging Face's
+            ``original_max_position_embeddings``); only YaRN's ramp reads it.
+        beta_fast, beta_slow: YaRN's ramp: pairs that turn more than ``beta_fast`` times
+            over ``L`` keep their frequency, those that turn fewer than ``beta_slow``
+            times are interpolated (32 and 1, the paper's and Hugging Face's defaults).
+    """
+
+    kind: str
+    factor: float
+    original_context: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_choice("RopeScaling.kind", self.kind, ROPE_SCALINGS)
+        check_number("RopeScaling.factor", self.factor, 1.0)
+        check_int("RopeScaling.original_context", self.original_context, 1)
+        check_number("RopeScaling.beta_slow", self.beta_slow, 0.0, low_inclusive=False)
+        check_number("RopeScaling.beta_fast", self.beta_fast, self.beta_slow, low_inclusive=False)
 
 
 class _Replace:
@@ -70,7 +107,7 @@ class ModelConfig(_Replace):
             ``head_dim`` is given.
         num_layers: blocks in the encoder and in the decoder (or in a decoder-only stack).
         d_ff: hidden size of the position-wise feed-forward network; for ``ffn="swiglu"``
-            the gated hidden size (Llama's ``intermediate_size``).
+            the gated hidden size (Llama's ``intermediate_size``); unused with ``ffn="none"``.
         dropout: the one dropout of the residual stream, in ``[0, 1)``, where the paper
             applies it: on the embeddings (plus positions) and on every sublayer's output
             before the residual sum. Nowhere else.
@@ -79,7 +116,7 @@ class ModelConfig(_Replace):
         norm_first: pre-norm (``True``) or the paper's post-norm (``False``).
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm), see :data:`NORMS`.
         norm_eps: the norms' epsilon.
-        ffn: ``"relu"``, ``"gelu"`` or ``"swiglu"``, see :data:`FFNS`.
+        ffn: ``"relu"``, ``"gelu"``, ``"swiglu"`` or ``"none"``, see :data:`FFNS`.
         bias: ``True``: biases in every linear layer and LayerNorm; ``False``: none
             (Llama). ``None`` (the default): the book's models as they have always been,
             biases everywhere but in the decoder-only model's attention projections.
@@ -89,7 +126,20 @@ class ModelConfig(_Replace):
         position: one of :data:`POSITIONS`.
         rope_theta: RoPE's base, ``theta_i = rope_theta^(-2i / d_head)``; used with
             ``position="rope"`` (and latent attention's decoupled RoPE).
+        rope_scaling: ``None``, or a :class:`mhbook.RopeScaling` that stretches RoPE
+            over a longer context than the model was trained on (position
+            interpolation, NTK-aware scaling, YaRN); a dict of its fields (as
+            :meth:`Config.to_dict` writes it) is turned into one. Needs
+            ``position="rope"``; refused with ``d_latent`` (latent attention's decoupled
+            RoPE is not scaled).
         window: a sliding attention window of this many keys; ``None`` = full attention.
+        sinks: with ``window``, every query also sees the first ``sinks`` tokens (attention
+            sinks, Xiao et al., 2023), and the keys are positioned within the cache
+            (:attr:`mhbook.LayerCache.streaming`); 0 = none.
+        global_every: with ``window``, layer ``i`` attends to every earlier token when
+            ``(i + 1) % global_every == 0`` and to the window otherwise (2: Gemma 2's
+            alternation; 6: Gemma 3's five local layers to one global); ``None`` = the
+            window in every layer. See :attr:`layer_windows`.
         d_latent: size of the key/value latent of multi-head latent attention;
             ``None`` = no latent. At most ``d_model``.
         head_dim: the size of one head, independent of ``num_heads`` (Bhojanapalli et
@@ -116,9 +166,12 @@ class ModelConfig(_Replace):
     ffn: str = "relu"
     bias: bool | None = None
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     tie_embeddings: bool = False
     scale_embeddings: bool = True
     attention_dropout: float = 0.0
+    sinks: int = 0
+    global_every: int | None = None
 
     def __post_init__(self) -> None:
         me = "ModelConfig"
@@ -130,6 +183,7 @@ class ModelConfig(_Replace):
             check_number(f"{me}.{name}", getattr(self, name), 0.0, 1.0)
         check_number(f"{me}.norm_eps", self.norm_eps, 0.0)
         check_number(f"{me}.rope_theta", self.rope_theta, 1.0, low_inclusive=False)
+        self._check_rope_scaling()
         for name in ("norm_first", "tie_embeddings", "scale_embeddings"):
             check_bool(f"{me}.{name}", getattr(self, name))
         if self.bias is not None:
@@ -157,16 +211,57 @@ class ModelConfig(_Replace):
                 "latent attention rebuilds a key and a value for every head from its latent; "
                 "leave num_kv_heads None"
             )
+        check_int(f"{me}.sinks", self.sinks, 0)
+        check_int(f"{me}.global_every", self.global_every, 2, optional=True)
+        for name, value in (("sinks", self.sinks), ("global_every", self.global_every)):
+            if value and self.window is None:
+                raise ValueError(
+                    f"ModelConfig.{name}={value} needs a sliding window: set window (it "
+                    "changes which keys the windowed layers see)"
+                )
         if self.position == "rope" and self.d_head % 2 != 0:
             raise ValueError(
                 f"ModelConfig.position='rope' needs an even head size (RoPE rotates pairs), "
                 f"got d_head={self.d_head}"
             )
 
+    def _check_rope_scaling(self) -> None:
+        scaling = self.rope_scaling
+        if isinstance(scaling, dict):  # as to_dict (dataclasses.asdict) writes it
+            scaling = RopeScaling(**scaling)
+            object.__setattr__(self, "rope_scaling", scaling)
+        if scaling is None:
+            return
+        if not isinstance(scaling, RopeScaling):
+            raise ValueError(
+                f"ModelConfig.rope_scaling must be None or a mhbook.RopeScaling, got "
+                f"{scaling!r} ({type(scaling).__name__})"
+            )
+        if self.position != "rope":
+            raise ValueError(
+                f"ModelConfig.rope_scaling scales RoPE's frequencies: it needs "
+                f"position='rope', got position={self.position!r}"
+            )
+        if self.d_latent is not None:
+            raise ValueError(
+                f"ModelConfig.rope_scaling with d_latent={self.d_latent}: latent attention's "
+                "decoupled RoPE is not scaled; leave rope_scaling None"
+            )
+
     @property
     def d_head(self) -> int:
         """The size of one head: ``head_dim``, or ``d_model // num_heads`` when it is ``None``."""
         return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's window: ``window``, but ``None`` (full attention) in the global
+        layers of ``global_every``."""
+        every = self.global_every
+        return tuple(
+            None if every is not None and (i + 1) % every == 0 else self.window
+            for i in range(self.num_layers)
+        )
 
     @property
     def kv_heads(self) -> int:

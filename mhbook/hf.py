@@ -15,6 +15,13 @@ sliding ``window`` it is a ``MistralConfig``. The weights only change names::
     output                                 lm_head
 
 :meth:`mhbook.DecoderOnlyLM.to_hf` and :meth:`~mhbook.DecoderOnlyLM.from_hf` use these.
+A :class:`~mhbook.RopeScaling` is written to ``rope_parameters``: ``"linear"`` and
+``"yarn"`` as Hugging Face's rope types of those names. Hugging Face has no static
+NTK-aware scaling (its ``"dynamic"`` grows the factor with the sequence length), but static
+NTK-aware scaling is exactly the default RoPE with a larger base: ``"ntk"`` is written as
+``rope_type="default"`` with ``rope_theta = base * factor^(d / (d - 2))`` (the same model;
+read back, it is a config with that ``rope_theta`` and no ``rope_scaling``).
+
 ``transformers`` is imported only when a function here needs it.
 """
 
@@ -23,8 +30,16 @@ from __future__ import annotations
 import torch
 
 from .config import ModelConfig
+from .rope import hf_rope, ntk_base
 
-__all__ = ["hf_config", "model_config", "to_hf_names", "from_hf_names", "LLAMA_NAMES"]
+__all__ = [
+    "hf_config",
+    "model_config",
+    "hf_rope",
+    "to_hf_names",
+    "from_hf_names",
+    "LLAMA_NAMES",
+]
 
 #: mhbook's parameter names -> Hugging Face Llama's, per block ``{i}`` and outside blocks.
 LLAMA_NAMES = {
@@ -52,6 +67,8 @@ _LLAMA_SHAPE = {
     "scale_embeddings": (False, "unscaled embeddings"),
     "dropout": (0.0, "no residual dropout"),
     "d_latent": (None, "no latent attention"),
+    "sinks": (0, "no attention sinks"),
+    "global_every": (None, "one kind of attention in every layer"),
 }
 
 
@@ -91,8 +108,8 @@ def hf_config(config: ModelConfig, vocab_size: int, **special_tokens):
         hidden_act="silu",
         rms_norm_eps=config.norm_eps,
         tie_word_embeddings=config.tie_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
         attention_dropout=config.attention_dropout,
+        **_rope_parameters(config),
         **{"bos_token_id": None, "eos_token_id": None, "pad_token_id": None, **special_tokens},
     )
     if config.window is not None:
@@ -100,10 +117,30 @@ def hf_config(config: ModelConfig, vocab_size: int, **special_tokens):
     return LlamaConfig(attention_bias=False, mlp_bias=False, **fields)
 
 
+def _rope_parameters(config: ModelConfig) -> dict:
+    """``rope_parameters`` (and, when scaled, ``max_position_embeddings``, the extended
+    context ``factor * original_context``) of ``config``'s RoPE."""
+    theta, scaling = float(config.rope_theta), config.rope_scaling
+    if scaling is None:
+        return {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
+    rope = {"rope_type": scaling.kind, "rope_theta": theta, "factor": float(scaling.factor)}
+    if scaling.kind == "ntk":  # static NTK-aware scaling = the default RoPE of a larger base
+        rope = {
+            "rope_type": "default",
+            "rope_theta": ntk_base(config.d_head, theta, rope["factor"]),
+        }
+    elif scaling.kind == "yarn":
+        rope["original_max_position_embeddings"] = scaling.original_context
+        rope["beta_fast"], rope["beta_slow"] = float(scaling.beta_fast), float(scaling.beta_slow)
+    extended = round(scaling.original_context * scaling.factor)
+    return {"rope_parameters": rope, "max_position_embeddings": extended}
+
+
 def model_config(hf) -> tuple[ModelConfig, int]:
     """``(ModelConfig, vocab_size)`` of a Hugging Face ``LlamaConfig`` or ``MistralConfig``
     (or of a model that has one as ``.config``). What the book's model cannot express
-    (a scaled RoPE, biases, another activation) raises a ``ValueError`` naming it."""
+    (biases, another activation, a RoPE other than default, linear or YaRN, see
+    :func:`hf_rope`) raises a ``ValueError`` naming it."""
     config = getattr(hf, "config", hf)
     model_type = getattr(config, "model_type", None)
     if model_type not in ("llama", "mistral"):
@@ -111,9 +148,7 @@ def model_config(hf) -> tuple[ModelConfig, int]:
             f"expected a Hugging Face Llama or Mistral model or config, got model_type="
             f"{model_type!r} ({type(config).__name__})"
         )
-    rope = dict(getattr(config, "rope_parameters", None) or {})
     refused = {
-        "rope_parameters['rope_type']": (rope.get("rope_type", "default"), "default"),
         "hidden_act": (config.hidden_act, "silu"),
         "attention_bias": (getattr(config, "attention_bias", False), False),
         "mlp_bias": (getattr(config, "mlp_bias", False), False),
@@ -121,6 +156,7 @@ def model_config(hf) -> tuple[ModelConfig, int]:
     wrong = [f"{k}={got!r} (needs {need!r})" for k, (got, need) in refused.items() if got != need]
     if wrong:
         raise ValueError("the book's model cannot express " + "; ".join(wrong))
+    rope_theta, rope_scaling = hf_rope(config)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv_heads = config.num_key_value_heads or heads
@@ -133,7 +169,8 @@ def model_config(hf) -> tuple[ModelConfig, int]:
         num_kv_heads=None if kv_heads == heads else kv_heads,
         head_dim=None if head_dim * heads == config.hidden_size else head_dim,
         position="rope",
-        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
         norm="rms",
         norm_eps=float(config.rms_norm_eps),
         norm_first=True,

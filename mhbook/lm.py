@@ -13,7 +13,9 @@ the keys and values of the tokens so far in a KV cache.
 What the attention is (multi-head, grouped-query, latent) and how it knows positions
 (sinusoidal at the embedding, RoPE or ALiBi inside attention, none) come from the
 :class:`~mhbook.ModelConfig`; see :func:`mhbook.make_attention`. ``config.window`` makes every
-layer attend to the last ``window`` tokens only, with a rolling KV cache.
+layer attend to the last ``window`` tokens only, with a rolling KV cache; ``config.sinks``
+adds the first tokens to every window (StreamingLLM), and ``config.global_every`` keeps
+every ``global_every``-th layer global (Gemma 2 and 3).
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class DecoderOnlyLM(Stack):
             positions: ``(T,)`` or ``(batch, T)`` positions of the new tokens for RoPE
                 and ALiBi (Hugging Face's ``position_ids``); default ``cache.length +
                 arange(T)``. Not with sinusoidal positions, which are added to the
-                embeddings from ``cache.length`` on.
+                embeddings from ``cache.length`` on, nor with ``config.sinks``, which
+                places the keys within the cache (:attr:`mhbook.LayerCache.streaming`).
 
         Returns:
             ``(batch, T, vocab_size)``; for ``T = 0``, an empty ``(batch, 0, vocab_size)``.
@@ -95,9 +98,7 @@ class DecoderOnlyLM(Stack):
         past = 0 if cache is None else cache.length
         x = self.embed(tokens, "tokens", offset=past)
         length = tokens.size(1)
-        kept = 0 if cache is None else cache.layers[0].num_kept
-        # Bottom-right aligned: the new tokens see the kept ones and the earlier new ones.
-        mask = causal_mask(length, kept + length, tokens.device, window=self.config.window)
+        padding = None
         if valid_lens is not None:
             if not isinstance(valid_lens, torch.Tensor) or valid_lens.shape != (tokens.size(0),):
                 got = valid_lens.shape if isinstance(valid_lens, torch.Tensor) else valid_lens
@@ -105,10 +106,21 @@ class DecoderOnlyLM(Stack):
                     f"valid_lens must have shape ({tokens.size(0)},) for tokens "
                     f"{tuple(tokens.shape)}, got {got}"
                 )
-            mask = mask & padding_mask(valid_lens, length)  # (batch, 1, T, T)
-        for i, block in enumerate(self.blocks):
+            padding = padding_mask(valid_lens, length)  # (batch, 1, 1, T)
+        if cache is None and self.config.sinks and self.config.position in ("rope", "alibi"):
+            # With sinks, keys are positioned within the cache (LayerCache.streaming): the
+            # whole sequence is what decoding it into a fresh cache gives.
+            cache = self.new_cache()
+        masks = {}  # one mask per (window, kept tokens): local and global layers differ
+        for i, (block, window) in enumerate(zip(self.blocks, self.config.layer_windows)):
             layer_cache = None if cache is None else cache.layers[i]
-            x = block(x, mask, layer_cache, positions=positions)
+            kept = 0 if layer_cache is None else layer_cache.num_kept
+            if (window, kept) not in masks:
+                # Bottom-right aligned: the new tokens see the kept ones and the earlier new ones.
+                sinks = self.config.sinks if window is not None else 0
+                mask = causal_mask(length, kept + length, tokens.device, window=window, sinks=sinks)
+                masks[window, kept] = mask if padding is None else mask & padding
+            x = block(x, masks[window, kept], layer_cache, positions=positions)
         self._count_without_blocks(cache, length)
         return self.output(self.norm(x))
 

@@ -17,7 +17,7 @@ import torch
 
 from .checks import check_int
 
-__all__ = ["padding_mask", "causal_mask", "check_mask"]
+__all__ = ["padding_mask", "causal_mask", "window_slots", "check_mask"]
 
 
 def padding_mask(valid_lens: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -67,6 +67,7 @@ def causal_mask(
     device: torch.device | str | None = None,
     *,
     window: int | None = None,
+    sinks: int = 0,
 ) -> torch.Tensor:
     """The look-ahead mask, aligned bottom-right.
 
@@ -80,11 +81,29 @@ def causal_mask(
     With ``window`` each query also sees at most the ``window`` latest keys, its own
     included (sliding-window attention): ``0 <= i + (num_keys - num_queries) - j < window``.
 
+    With ``sinks`` as well, each query also sees the first ``sinks`` keys, however far
+    back (attention sinks, Xiao et al., 2023): the band of the last ``window`` keys plus
+    the first ``sinks`` columns, below the diagonal. For ``causal_mask(6, window=2,
+    sinks=1)``::
+
+        1 . . . . .
+        1 1 . . . .
+        1 1 1 . . .
+        1 . 1 1 . .
+        1 . . 1 1 .
+        1 . . . 1 1
+
+    With a rolling cache (:class:`mhbook.LayerCache` ``(window, sinks)``) the keys are the
+    kept ones followed by the new ones, and the first ``sinks`` of them are still the
+    sequence's first tokens: ``causal_mask(T, kept + T, window=, sinks=)`` is the mask.
+
     Args:
         num_queries: ``Lq``.
         num_keys: ``Lk``; defaults to ``Lq``. Must be at least ``Lq``.
         device: where to create the mask (pass your inputs' ``.device``).
         window: ``None`` (see every earlier key) or the window's size, at least 1.
+        sinks: how many first keys every query sees besides its window (0: none); only
+            with a ``window``.
 
     Returns:
         A bool mask ``(Lq, Lk)``.
@@ -93,8 +112,7 @@ def causal_mask(
     if num_keys is None:
         num_keys = num_queries
     check_int("num_keys", num_keys, 0)
-    if window is not None:
-        check_int("window", window, 1)
+    _check_window(window, sinks)
     if num_keys < num_queries:
         raise ValueError(
             f"a bottom-right causal mask needs num_keys >= num_queries, "
@@ -103,8 +121,62 @@ def causal_mask(
     ones = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
     mask = ones.tril(diagonal=num_keys - num_queries)
     if window is not None:
-        mask = mask.triu(diagonal=num_keys - num_queries - window + 1)
+        band = mask.triu(diagonal=num_keys - num_queries - window + 1)
+        mask[:, sinks:] = band[:, sinks:]  # the first `sinks` columns stay causal only
     return mask
+
+
+def window_slots(
+    num_queries: int,
+    num_keys: int,
+    window: int,
+    sinks: int = 0,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys each query may see under ``causal_mask(num_queries, num_keys, window=,
+    sinks=)``, listed in order: at most ``sinks + window`` per query.
+
+    Query ``i`` sees the first ``sinks`` keys (those before it) and then its last
+    ``window`` keys, its own last; slot ``s`` of its row holds the ``s``-th of them.
+    This is how attention with sinks places keys *within the cache* (StreamingLLM): the
+    key in slot ``s`` is at position ``s``, and the query at its last slot.
+
+    Args:
+        num_queries, num_keys: ``Lq <= Lk``, aligned bottom-right as in
+            :func:`causal_mask`.
+        window: the window's size, at least 1.
+        sinks: the number of first keys every query sees, at least 0.
+        device: where to create the tensors.
+
+    Returns:
+        ``(index, valid)``, both ``(Lq, sinks + window)``: ``index`` the key (column of
+        the mask) in each slot, ``valid`` whether the slot holds a key (a query near the
+        start sees fewer than ``sinks + window``; its empty slots point at its own key).
+        The valid slots of each row come first: ``mask[i, index[i, valid[i]]]`` is the
+        row's ``True`` entries, in order.
+    """
+    check_int("num_queries", num_queries, 0)
+    check_int("num_keys", num_keys, num_queries)
+    check_int("window", window, 1)
+    _check_window(window, sinks)
+    last = torch.arange(num_keys - num_queries, num_keys, device=device)[:, None]  # (Lq, 1)
+    slot = torch.arange(sinks + window, device=device)  # (K,)
+    num_sinks = (last + 1).clamp(max=sinks)  # sinks before the query (all, past the start)
+    first_recent = (last - window + 1).clamp(min=sinks)  # the window's first key, past the sinks
+    index = torch.where(slot < num_sinks, slot, first_recent + slot - num_sinks)  # (Lq, K)
+    valid = index <= last
+    return torch.minimum(index, last), valid
+
+
+def _check_window(window: int | None, sinks: int) -> None:
+    if window is not None:
+        check_int("window", window, 1)
+    check_int("sinks", sinks, 0)
+    if sinks and window is None:
+        raise ValueError(
+            f"sinks={sinks} needs a window: the sinks are the first keys that a query of "
+            "a sliding window sees besides its window (without one it sees every key)"
+        )
 
 
 def check_mask(

@@ -36,6 +36,7 @@ from torch import nn
 from . import attention
 from .cache import LayerCache, _append_positions
 from .checks import check_features, check_int, check_module, check_number, check_positions
+from .masks import check_mask, window_slots
 
 __all__ = ["AttentionLayer", "MultiHeadAttention"]
 
@@ -276,12 +277,25 @@ class MultiHeadAttention(AttentionLayer):
             value = key
         bias = None
         if self_attention:
+            positions_given = positions is not None
             positions = self._positions(query, positions, cache)
             if self._queries_first:  # see __init__
                 q = self.split_heads(self.W_q(query))  # (B, h, T, d_head)
             k, v = self._project_kv(query, query)  # (B, h_kv, T, d_head)
             if not self._queries_first:
                 q = self.split_heads(self.W_q(query))
+            in_cache = self.rope is not None or self.alibi is not None
+            if cache is not None and cache.streaming and in_cache:
+                if positions_given:
+                    raise ValueError(
+                        "positions: with sinks (StreamingLLM) the keys are positioned within "
+                        f"the cache ({cache!r}), not at text positions; pass none"
+                    )
+                k, v = cache.update(k, v)  # before RoPE: (B, h_kv, kept + T, d_head)
+                heads, weights = self._attend_within_cache(
+                    q, k, v, mask, cache, need_weights or self.keep_weights
+                )
+                return self._heads_out(heads, weights, need_weights)
             if self.rope is not None:
                 q, k = self.rope(q, positions), self.rope(k, positions)
             k_positions = positions
@@ -311,6 +325,66 @@ class MultiHeadAttention(AttentionLayer):
             is_causal=is_causal,
         )
         return self._heads_out(heads, weights, need_weights)
+
+    def _attend_within_cache(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: LayerCache,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention with sinks, positioned within the cache (StreamingLLM, Xiao et al.,
+        2023): each query sees the first ``sinks`` keys and its last ``window`` keys
+        (:func:`mhbook.window_slots`), placed at positions ``0, 1, ..., m - 1`` in that
+        order, the query itself at ``m - 1``. RoPE rotates them there (and ALiBi measures
+        those distances), so no distance exceeds ``sinks + window - 1``, however long the
+        text: the first tokens' keys are used at other positions than they were made at.
+
+        Args:
+            q: ``(B, h, T, d_head)`` the new queries, not rotated.
+            k, v: ``(B, h_kv, N, d_head)`` what ``cache.update`` returned: the kept keys
+                (not rotated) and values, then the ``T`` new ones.
+            mask: bool, broadcastable to ``(B, h, T, N)``, or ``None``; the window and the
+                sinks apply whatever it says.
+            cache: the layer's cache, for its ``window`` and ``sinks``.
+            need_weights: also return the weights ``(B, h, T, N)``.
+
+        Returns:
+            ``(heads, weights or None)``: heads ``(B, h, T, d_v)``.
+
+        Each query has its own ``K = sinks + window`` keys at its own positions, so each
+        is a batch row of its own: ``(B * T, h, 1, d_head)`` over ``(B * T, h_kv, K,
+        d_head)``, through :meth:`attend_heads`.
+        """
+        B, h, T, N = *q.shape[:3], k.size(2)
+        index, valid = window_slots(T, N, cache.window, cache.sinks, q.device)  # (T, K)
+        K = index.size(1)
+        k, v = k[:, :, index], v[:, :, index]  # (B, h_kv, T, K, d): each query's keys
+        key_positions = torch.arange(K, device=q.device)
+        q_positions = valid.sum(-1) - 1  # (T,): the query's own key is its last slot
+        bias = None
+        if self.rope is not None:
+            q, k = self.rope(q, q_positions), self.rope(k, key_positions)
+        if self.alibi is not None:
+            bias = self.alibi(q_positions, key_positions, q.dtype)  # (h, T, K)
+            bias = _rows(bias.unsqueeze(0).expand(B, -1, -1, -1))
+        allowed = valid.expand(B, 1, T, K)
+        if mask is not None:  # the mask's columns, slot by slot
+            check_mask(mask, (B, h, T, N), q.device)
+            mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+            mask = mask.expand(B, mask.size(1), T, N)
+            allowed = allowed & mask.gather(-1, index.expand(B, mask.size(1), T, K))
+        heads, weights = self.attend_heads(
+            _rows(q), _rows(k), _rows(v), _rows(allowed), need_weights=need_weights, bias=bias
+        )
+        heads = heads.reshape(B, T, h, -1).transpose(1, 2)  # (B, h, T, d_v)
+        if weights is not None:  # back to the columns of the N keys
+            weights = weights.reshape(B, T, h, K).transpose(1, 2)
+            full = weights.new_zeros(B, h, T, N)
+            weights = full.scatter_add(-1, index.expand(B, h, T, K), weights)
+        return heads, weights
 
     def attend_heads(
         self,
@@ -496,14 +570,14 @@ class MultiHeadAttention(AttentionLayer):
     def from_hf(cls, m: nn.Module) -> MultiHeadAttention:
         """Copy a Hugging Face ``LlamaAttention`` or ``MistralAttention`` (``transformers``
         5): same weights, same outputs, with a :class:`mhbook.RotaryEmbedding` of the
-        model's ``rope_theta``.
+        model's ``rope_theta`` and RoPE scaling.
 
         Mistral's sliding window is not a property of the layer, in ``transformers`` as
         here: it is in the mask (``causal_mask(T, S, window=config.sliding_window)``).
-        Only the default RoPE is copied; a scaled one (``rope_type`` other than
-        ``"default"``) raises a ``ValueError``.
+        The default, ``"linear"`` and ``"yarn"`` RoPE are copied (see
+        :func:`mhbook.rope.hf_rope`); another ``rope_type`` raises a ``ValueError``.
         """
-        from .rope import RotaryEmbedding
+        from .rope import RotaryEmbedding, hf_rope
 
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "config", "head_dim"):
             if not hasattr(m, name):
@@ -512,11 +586,7 @@ class MultiHeadAttention(AttentionLayer):
                     f"{type(m).__name__} (it has no {name})"
                 )
         config = m.config
-        rope = dict(getattr(config, "rope_parameters", None) or {})
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(
-                f"only the default RoPE is copied, got rope_type={rope.get('rope_type')!r}"
-            )
+        rope_theta, rope_scaling = hf_rope(config)
         bias = m.q_proj.bias is not None
         if (m.o_proj.bias is not None) != bias:
             raise ValueError(
@@ -531,7 +601,7 @@ class MultiHeadAttention(AttentionLayer):
             dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
             bias=bias,
             d_head=m.head_dim,
-            rope=RotaryEmbedding(m.head_dim, float(rope.get("rope_theta", 10000.0))),
+            rope=RotaryEmbedding(m.head_dim, rope_theta, scaling=rope_scaling),
         ).to(weight.device, weight.dtype)
         with torch.no_grad():
             for mine, theirs in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj")):
@@ -539,3 +609,12 @@ class MultiHeadAttention(AttentionLayer):
             ours.W_o.load_state_dict(m.o_proj.state_dict())
         ours.train(m.training)
         return ours
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``(B, heads, T, ...)`` -> ``(B * T, heads, 1, ...)``: each query a batch row of its
+    own, with its own keys (``(B, heads, T, K, d)`` -> ``(B * T, heads, K, d)``)."""
+    x = x.transpose(1, 2)
+    if x.dim() == 4:  # (B, T, heads, d): one query
+        x = x.unsqueeze(3)
+    return x.reshape(x.size(0) * x.size(1), *x.shape[2:])

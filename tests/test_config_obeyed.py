@@ -42,8 +42,11 @@ CHANGES = {
     "ffn": ({"ffn": "swiglu"}, {}),
     "bias": ({"bias": False}, {}),
     "rope_theta": ({"rope_theta": 50.0}, {"position": "rope"}),
+    "rope_scaling": ({"rope_scaling": mhbook.RopeScaling("yarn", 4.0, 4)}, {"position": "rope"}),
     "tie_embeddings": ({"tie_embeddings": True}, {}),
     "scale_embeddings": ({"scale_embeddings": False}, {}),
+    "sinks": ({"sinks": 2}, {"window": 2, "position": "rope"}),
+    "global_every": ({"global_every": 2}, {"window": 2}),
 }
 
 
@@ -82,7 +85,12 @@ def test_a_field_changes_the_model_or_is_refused_by_name(build, field):
     try:
         changed = build(base.replace(**change))
     except ValueError as error:
-        assert f"ModelConfig.{field}" in str(error)
+        if f"ModelConfig.{field}" not in str(error):
+            # Refused for what the base sets (the Transformer refuses the window that
+            # sinks and global_every need): then the base alone is refused alike.
+            with pytest.raises(ValueError) as base_error:
+                build(base)
+            assert str(base_error.value) == str(error)
         return
     reference = build(base)
     if _signature(changed) != _signature(reference):
@@ -208,3 +216,40 @@ def test_a_cache_refuses_to_mix_keys_and_a_latent():
     mha(x, cache=cache)
     with pytest.raises(ValueError, match="holds keys and values of 3 tokens; it cannot take a"):
         mla(x, cache=cache)
+
+
+# -- ffn="none": attention-only blocks (Elhage et al., 2021) ------------------------------
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_ffn_none_leaves_the_attention_alone(norm_first):
+    """A block with ffn="none" is x + attention(x) in its AddNorm, nothing more; in every
+    kind of block, and the model has no feed-forward parameters at all."""
+    config = BASE.replace(ffn="none", norm_first=norm_first)
+    lm, model = _lm(config), _transformer(config)
+    for m in (lm, model):
+        names = [name for name, _ in m.named_parameters()]
+        assert not any(".ffn." in name for name in names)
+    block = lm.blocks[0]
+    assert block.ffn is None and block.addnorm2 is None
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0))
+    mask = mhbook.causal_mask(5)
+    expected = block.addnorm1(x, lambda x: block.self_attn(x, mask=mask)[0])
+    torch.testing.assert_close(block(x, mask), expected, rtol=0, atol=0)
+    # Against a block with an FFN whose output is zero: the same output.
+    with_ffn = mhbook.DecoderOnlyBlock(config.replace(ffn="relu"))
+    with_ffn.load_state_dict(block.state_dict(), strict=False)
+    nn.init.zeros_(with_ffn.ffn.linear2.weight), nn.init.zeros_(with_ffn.ffn.linear2.bias)
+    if norm_first:  # post-norm normalises once more after the (zero) FFN
+        torch.testing.assert_close(with_ffn(x, mask), block(x, mask), rtol=0, atol=0)
+    encoder, decoder = model.encoder.blocks[0], model.decoder.blocks[0]
+    assert encoder.ffn is decoder.ffn is None and encoder.addnorm2 is decoder.addnorm3 is None
+    src = torch.randint(3, 20, (2, 6), generator=torch.Generator().manual_seed(1))
+    assert model(src, src[:, :4], torch.tensor([6, 4])).shape == (2, 4, 20)
+
+
+def test_ffn_none_is_refused_by_hugging_face():
+    config = BASE.replace(
+        ffn="none", norm="rms", bias=False, position="rope", norm_first=True,
+        scale_embeddings=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="ffn='none' .Llama has a SwiGLU"):
+        mhbook.hf.hf_config(config, 20)

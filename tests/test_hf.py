@@ -161,7 +161,7 @@ def test_to_hf_refuses_a_set_head_mask():
     [
         ({"attention_bias": True}, "attention_bias"),
         ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_type"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type"),
     ],
 )
 def test_from_hf_names_what_the_book_cannot_express(change, named):

@@ -181,8 +181,9 @@ LAYERS = [
     ["layers", "blocks"],
     # models, their generation and their Hugging Face twins
     ["transformer", "lm", "parallel", "context_parallel", "generate", "hf"],
-    # data, scores, training, launching, and what a trained model does (the viewer's data)
-    ["data", "bleu", "lm_data", "train", "launch", "analysis"],
+    # data (Part V: real text), scores, training (Part V: its shared model), launching, and
+    # what a trained model does (the viewer's data)
+    ["data", "bleu", "lm_data", "text", "train", "shakespeare", "launch", "analysis"],
     # pictures
     ["plot", "diagrams"],
     # the explorers: what they share, the explorers, the package that gathers them
@@ -194,6 +195,7 @@ LAYERS = [
         "explorers.positional",
         "explorers.viewer",
         "explorers.live",
+        "explorers.passages",
     ],
     ["explorers"],
 ]

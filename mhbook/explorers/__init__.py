@@ -10,6 +10,9 @@ ipywidgets twins (need a kernel).
 * :mod:`mhbook.explorers.viewer`: chapters 6 and 7's viewer of the trained model's attention
   on every test number, every layer, head and kind, with single-head ablations (recorded by
   :mod:`mhbook.analysis`; the viewer only draws them).
+* :mod:`mhbook.explorers.passages`: a language model's heads on a few text passages
+  (recorded by :func:`mhbook.analysis.passage_attention`): point at a token, see what it
+  attends to.
 * :mod:`mhbook.explorers.live`: chapter 6's live translator: the trained model's weights
   exported for the browser, where ``static/live.js`` translates the reader's own numbers.
 * :mod:`mhbook.explorers.twin`: what the ipywidgets twins share (ipywidgets loads lazily).
@@ -21,7 +24,7 @@ ipywidgets twins (need a kernel).
 Importing this package does not import matplotlib or ipywidgets; drawing does.
 """
 
-from . import attention, live, masks, positional, softmax, svg, viewer
+from . import attention, live, masks, passages, positional, softmax, svg, viewer
 from .attention import (
     attention_explorer,
     attention_explorer_html,
@@ -32,6 +35,12 @@ from .attention import (
     focus_preset,
 )
 from .masks import explorer_mask, mask_explorer, mask_explorer_html, masked_weights
+from .passages import (
+    passage_attention,
+    passage_explorer_html,
+    passage_payload,
+    passage_payload_weights,
+)
 from .positional import positional_explorer, positional_explorer_html
 from .softmax import softmax_explorer, softmax_explorer_html, softmax_stats
 from .viewer import attention_viewer, attention_viewer_html, viewer_data
@@ -63,4 +72,9 @@ __all__ = [
     "viewer_data",
     "attention_viewer_html",
     "attention_viewer",
+    "passages",
+    "passage_attention",
+    "passage_explorer_html",
+    "passage_payload",
+    "passage_payload_weights",
 ]

@@ -52,9 +52,10 @@ def quantise(weights) -> np.ndarray:
 # ------------------------------------------------------------------------------ the payload
 
 
-def _pack(raw: bytes) -> str:
-    """zlib (what ``DecompressionStream("deflate")`` reads), then base64."""
-    return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+def _pack(raw: bytes, level: int = 9) -> str:
+    """zlib (what ``DecompressionStream("deflate")`` reads), then base64. ``level`` 6 is
+    zlib's default: megabytes of weights deflate ten times faster than at 9, 8% larger."""
+    return base64.b64encode(zlib.compress(raw, level)).decode("ascii")
 
 
 def _unpack(text: str) -> bytes:

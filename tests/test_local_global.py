@@ -1,0 +1,138 @@
+"""Interleaved local and global layers (Gemma 2 and Gemma 3): with `global_every`, every
+`global_every`-th layer attends to every earlier token and the others to their window;
+each layer's cache follows its layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import CLOSE, EXACT
+
+import mhbook
+from mhbook import DecoderOnlyLM, KVCache, LayerCache, ModelConfig
+
+VOCAB, D_MODEL, NUM_KV_HEADS, D_HEAD = 23, 16, 2, 4
+
+
+def _lm(seed=0, **kwargs):
+    base = dict(d_model=D_MODEL, num_heads=4, num_layers=4, d_ff=32, norm_first=True)
+    torch.manual_seed(seed)
+    return DecoderOnlyLM(ModelConfig(**{**base, **kwargs}), VOCAB).double().eval()
+
+
+def _tokens(batch=2, length=12, seed=0):
+    return torch.randint(4, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _stepped(lm, tokens, chunks=(1,)):
+    cache, outputs, start, i = lm.new_cache(), [], 0, 0
+    while start < tokens.size(1):
+        size = chunks[i % len(chunks)]
+        outputs.append(lm(tokens[:, start : start + size], cache=cache))
+        start, i = start + size, i + 1
+    return torch.cat(outputs, dim=1), cache
+
+
+def test_which_layers_are_global():
+    gemma2 = ModelConfig(num_layers=4, window=8, global_every=2)
+    assert gemma2.layer_windows == (8, None, 8, None)
+    gemma3 = ModelConfig(num_layers=12, window=8, global_every=6)
+    assert gemma3.layer_windows == (8,) * 5 + (None,) + (8,) * 5 + (None,)
+    assert ModelConfig(num_layers=3, window=8).layer_windows == (8, 8, 8)
+    assert ModelConfig(num_layers=3).layer_windows == (None, None, None)
+    assert ModelConfig(num_layers=3, window=8, global_every=6).layer_windows == (8, 8, 8)
+
+
+def test_each_layer_uses_its_own_mask():
+    """The model's forward is its blocks under causal_mask(T, window=layer's window)."""
+    lm = _lm(position="rope", window=3, global_every=2)
+    tokens = _tokens()
+    x = lm.embedding(tokens) * 4.0  # sqrt(d_model)
+    for block, window in zip(lm.blocks, lm.config.layer_windows):
+        x = block(x, mhbook.causal_mask(12, window=window))
+    torch.testing.assert_close(lm(tokens), lm.output(lm.norm(x)), **EXACT)
+    for other in (_lm(position="rope", window=3), _lm(position="rope")):
+        assert not torch.allclose(lm(tokens), other(tokens))  # neither all local nor global
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "none", "sinusoidal"])
+@pytest.mark.parametrize("global_every, sinks", [(2, 0), (3, 0), (2, 1)])
+def test_full_forward_equals_cached_decoding(position, global_every, sinks):
+    lm = _lm(
+        position=position, num_kv_heads=NUM_KV_HEADS, window=3, global_every=global_every,
+        sinks=sinks,
+    )  # fmt: skip
+    tokens = _tokens(length=14)
+    full = lm(tokens)
+    for chunks in ((1,), (4, 1, 3)):
+        stepped, cache = _stepped(lm, tokens, chunks)
+        torch.testing.assert_close(stepped, full, **CLOSE)
+    prompt = tokens[:, :3]
+    assert torch.equal(lm.generate(prompt, 10), lm.generate(prompt, 10, use_cache=False))
+
+
+def test_local_caches_roll_and_global_ones_keep_everything():
+    lm = _lm(position="rope", num_kv_heads=NUM_KV_HEADS, window=3, global_every=2, sinks=1)
+    _, cache = _stepped(lm, _tokens(length=10))
+    assert cache.windows == (3, None, 3, None) and cache.window == 3
+    assert [layer.sinks for layer in cache.layers] == [1, 0, 1, 0]  # sinks: local layers
+    assert [layer.num_kept for layer in cache.layers] == [4, 10, 4, 10]
+    assert [layer.length for layer in cache.layers] == [10] * 4
+    per_token = 2 * 2 * NUM_KV_HEADS * D_HEAD * 8  # (keys and values) x batch x heads x d x 8
+    assert cache.nbytes == per_token * (4 + 10 + 4 + 10)
+    # The saving: between all local (4 kept per layer) and all global (10 per layer).
+    _, local = _stepped(
+        _lm(position="rope", num_kv_heads=NUM_KV_HEADS, window=3, sinks=1), _tokens()
+    )
+    _, full = _stepped(_lm(position="rope", num_kv_heads=NUM_KV_HEADS), _tokens(length=10))
+    assert local.nbytes == per_token * 4 * 4 < cache.nbytes < full.nbytes == per_token * 10 * 4
+
+
+def test_a_kv_cache_with_a_window_per_layer():
+    cache = KVCache(3, window=[2, None, 4], sinks=1)
+    assert cache.windows == (2, None, 4) and cache.sinks == 1
+    assert [(layer.window, layer.sinks) for layer in cache.layers] == [(2, 1), (None, 0), (4, 1)]
+    k = torch.arange(7.0).view(1, 1, 7, 1)
+    for layer in cache.layers:
+        layer.update(k, k)
+    assert [layer.keys.flatten().tolist() for layer in cache.layers] == [
+        [0.0, 5.0, 6.0],
+        list(range(7)),
+        [0.0, 3.0, 4.0, 5.0, 6.0],
+    ]
+    assert KVCache(2, window=3).windows == (3, 3) and KVCache(2).windows == (None, None)
+    assert isinstance(cache.layers[1], LayerCache) and not cache.layers[1].streaming
+
+
+def test_meta_device():
+    config = ModelConfig(
+        d_model=16, num_heads=4, num_layers=4, d_ff=32, position="rope", window=3,
+        global_every=2, sinks=1,
+    )  # fmt: skip
+    with torch.device("meta"):
+        lm = DecoderOnlyLM(config, VOCAB)
+    tokens = torch.zeros(2, 9, dtype=torch.long, device="meta")
+    logits = lm(tokens)
+    assert logits.device.type == "meta" and logits.shape == (2, 9, VOCAB)
+    cache = lm.new_cache()
+    lm(tokens, cache=cache)
+    assert lm(tokens[:, :1], cache=cache).shape == (2, 1, VOCAB)
+
+
+def test_bad_input_is_refused_by_name():
+    with pytest.raises(ValueError, match="ModelConfig.global_every=2 needs a sliding window"):
+        ModelConfig(global_every=2)
+    for bad in (1, 0, -2, True, 2.0):
+        with pytest.raises(ValueError, match=r"ModelConfig.global_every must be an int >= 2"):
+            ModelConfig(window=4, global_every=bad)
+    with pytest.raises(ValueError, match=r"one window per layer \(3\), got 2 windows: \[2, None\]"):
+        KVCache(3, window=[2, None])
+    lm = _lm(window=3, global_every=2)
+    with pytest.raises(ValueError, match=r"cache keeps window=3 tokens but the model attends to "):
+        lm(_tokens(), cache=KVCache(4, window=3))
+    config = ModelConfig(
+        norm="rms", ffn="swiglu", bias=False, position="rope", norm_first=True,
+        scale_embeddings=False, window=4, global_every=2,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"global_every=2 \(Llama has one kind of attention"):
+        mhbook.hf.hf_config(config, 20)
