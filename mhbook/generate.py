@@ -91,6 +91,7 @@ def generate(
     generator: torch.Generator | None = None,
     eos_id: int | None = None,
     use_cache: bool = True,
+    max_length: int | None = None,
 ) -> torch.Tensor:
     """Continue ``prompt`` one token at a time.
 
@@ -113,6 +114,11 @@ def generate(
             ``eos_id``, and generation stops once every row has one (except on the
             ``meta`` device, whose tensors hold no values to test). ``None``: never.
         use_cache: keep the keys and values in ``model.new_cache()``.
+        max_length: ``None``, or the most tokens, prompt and new ones together, that the
+            sequence (and so a full-attention KV cache) may reach, as Hugging Face's
+            ``max_length``: generation stops there, and a prompt that already fills it is
+            refused with a ``ValueError`` naming both lengths (nothing could be generated,
+            and its cache alone would exceed the bound).
 
     Returns:
         ``(batch, n)`` the new tokens, ``n <= max_new_tokens``.
@@ -122,6 +128,15 @@ def generate(
     if prompt.size(1) < 1:
         raise ValueError(f"prompt must hold at least one token, got shape {tuple(prompt.shape)}")
     check_int("max_new_tokens", max_new_tokens, 0)
+    check_int("max_length", max_length, 1, optional=True)
+    if max_length is not None:
+        if prompt.size(1) >= max_length:
+            raise ValueError(
+                f"the prompt has {prompt.size(1)} tokens, but max_length={max_length} bounds "
+                "the prompt and the new tokens together: shorten the prompt (e.g. keep its "
+                "last tokens) or raise max_length"
+            )
+        max_new_tokens = min(max_new_tokens, max_length - prompt.size(1))
     check_number("temperature", temperature, 0.0, math.inf)
     check_int("top_k", top_k, 1, optional=True)
     if top_p is not None:

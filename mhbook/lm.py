@@ -127,7 +127,7 @@ class DecoderOnlyLM(Stack):
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
         """Continue ``prompt`` (``(batch, P)``) by up to ``max_new_tokens`` tokens:
         :func:`mhbook.generate` with this model; ``options`` are its ``temperature``,
-        ``top_k``, ``top_p``, ``generator``, ``eos_id`` and ``use_cache``.
+        ``top_k``, ``top_p``, ``generator``, ``eos_id``, ``use_cache`` and ``max_length``.
 
         Returns ``(batch, n)``, the new tokens."""
         return generate(self, prompt, max_new_tokens, **options)

@@ -127,11 +127,21 @@ def test_eos_fills_the_rest_and_stops():
         ({"top_p": 0.0}, r"top_p must be a number in \(0.0, 1.0\], got 0.0"),
         ({"eos_id": VOCAB}, rf"eos_id must be a token id in \[0, {VOCAB - 1}\].*got {VOCAB}"),
         ({"eos_id": -1}, r"eos_id must be an int >= 0, got -1"),
+        ({"max_length": 0}, r"max_length must be an int >= 1 or None, got 0"),
+        ({"max_length": 4}, r"the prompt has 4 tokens, but max_length=4 bounds the prompt"),
     ],
 )
 def test_bad_sampling_arguments_name_themselves(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _lm().generate(_prompt(), 3, **kwargs)
+
+
+def test_max_length_bounds_the_prompt_and_the_new_tokens_together():
+    lm, prompt = _lm(), _prompt()  # 4 tokens
+    free = lm.generate(prompt, 10)
+    bounded = lm.generate(prompt, 10, max_length=7)
+    assert bounded.shape == (3, 3) and torch.equal(bounded, free[:, :3])
+    assert lm.generate(prompt, 2, max_length=100).shape == (3, 2)
 
 
 def test_prompt_on_another_device_is_named():
