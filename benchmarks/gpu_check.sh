@@ -10,8 +10,8 @@
 #   bench.txt    python -m benchmarks.bench --device cuda: (b) up to L=16k, (a) in bfloat16 too
 #   suite.txt    every test and nbval on every chapter, on the GPU (the browser test of the
 #                HTML book is left out: it needs Chromium and the book build, not a GPU)
-#   chapters.tar.gz  chapters 3 and 7-13 executed on the GPU (9-12 at their GPU sizes,
-#                mhbook.cpu_or_gpu), every cell run even after an error, with a log each
+#   chapters.tar.gz  chapters 3 and 7-16 executed on the GPU (9-12 and 14-16 at their GPU
+#                sizes, mhbook.cpu_or_gpu), every cell run even after an error, with a log each
 # Each part has its own time limit, and a failing part does not stop the next. The appendix
 # "Measured on a GPU" (appendix-gpu.md) records what it printed on an H200.
 set -u
@@ -38,7 +38,7 @@ echo "== python -m benchmarks.bench --device cuda"
 timeout 150 $py -m benchmarks.bench --device cuda >"$out/bench.txt" 2>&1
 echo "rc $?"
 
-echo "== the whole suite with nbval, and chapters 3, 7-13 executed and kept, side by side"
+echo "== the whole suite with nbval, and chapters 3, 7-16 executed and kept, side by side"
 # Every worker's CPU work on 2 threads: 8 workers and 8 kept chapters share the cores.
 OMP_NUM_THREADS=2 timeout 280 $py -m pytest -n 8 --dist loadfile --nbval --nbval-current-env \
     chapters tests --ignore tests/test_browser.py -p no:cacheprovider --durations=15 -rfEs \
@@ -48,7 +48,7 @@ suite=$!
 # which chapters 7 and 8 load or train) do not mix with those of the suite's chapters.
 copy=$(mktemp -d)
 cp chapters/*.ipynb "$copy"
-for nb in "$copy"/03-*.ipynb "$copy"/0[7-9]-*.ipynb "$copy"/1[0-3]-*.ipynb; do
+for nb in "$copy"/03-*.ipynb "$copy"/0[7-9]-*.ipynb "$copy"/1[0-6]-*.ipynb; do
     OMP_NUM_THREADS=1 timeout 270 $py -c "
 import sys, nbformat, nbclient
 nb = nbformat.read(sys.argv[1], as_version=4)
