@@ -99,3 +99,137 @@ def test_the_committed_panel_is_the_current_code(chapter, call):
     line = next(s for c in notebook.cells for s in c.source.splitlines() if call in s)
     now = eval(line.strip(), {"live": live}).data  # noqa: S307 - the call the chapter makes
     assert shown[0] == now, f"{chapter} shows an older live panel: run the chapter again"
+
+
+# ---- the live language model (chapter 14): mhbook.explorers.live.export_lm and live_lm_html
+
+LM_CHAPTER = ROOT / "chapters" / "14-a-small-llama.ipynb"
+LM_COMMITTED = ROOT / "chapters" / live.LIVE_LM_FILE
+LM_TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nAy me!\n"
+
+
+def _lm(**change):
+    from mhbook.shakespeare import SHAKESPEARE_MODEL
+    from mhbook.text import CharTokenizer
+
+    chars = CharTokenizer(LM_TEXT)
+    config = SHAKESPEARE_MODEL.replace(d_model=32, num_layers=2, d_ff=64, **change)
+    torch.manual_seed(0)
+    return mhbook.DecoderOnlyLM(config, chars.vocab_size), chars
+
+
+def test_lm_export_round_trips_within_float16(tmp_path):
+    model, chars = _lm()
+    info = live.export_lm(model, chars, tmp_path / "lm.json")
+    shipped = live.shipped_lm(info["path"])
+    assert shipped.config == model.config.replace(window=live.LM_WINDOW)  # samples through 64
+    assert shipped.chars == chars.chars and not shipped.training
+    for name, value in model.state_dict().items():
+        assert torch.equal(shipped.state_dict()[name], value.half().float()), name
+    assert info["max_rounding"] < 1e-2 and info["parameters"] == sum(
+        p.numel() for p in model.state_dict().values()
+    )
+    written = Path(info["path"]).read_bytes()
+    assert hashlib.sha256(written).hexdigest() == info["sha256"] and len(written) == info["bytes"]
+    payload = json.loads(written)
+    assert (payload["format"], payload["model"], payload["chars"]) == (
+        1,
+        "DecoderOnlyLM",
+        chars.chars,
+    )
+    assert payload["config"]["num_kv_heads"] == 2 and payload["config"]["window"] == 64
+    # the same file again: the export is deterministic (the sha256 a chapter prints means something)
+    assert live.export_lm(model, chars, tmp_path / "again.json")["sha256"] == info["sha256"]
+    # a window: the model's own, else the argument's
+    windowed, _ = _lm(window=32)
+    assert (
+        live.shipped_lm(
+            live.export_lm(windowed, chars.chars, tmp_path / "w.json")["path"]
+        ).config.window
+        == 32
+    )
+    assert (
+        live.shipped_lm(
+            live.export_lm(model, chars, tmp_path / "w.json", window=16)["path"]
+        ).config.window
+        == 16
+    )
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [({"norm_first": False}, "norm_first"), ({"norm": "layer"}, "norm"), ({"ffn": "gelu"}, "ffn"),
+     ({"position": "alibi"}, "position"), ({"bias": None}, "bias"), ({"bias": True}, "bias"),
+     ({"window": 8, "sinks": 2}, "sinks"), ({"window": 8, "global_every": 2}, "global_every"),
+     ({"d_latent": 16, "num_kv_heads": None}, "d_latent"),
+     ({"rope_scaling": mhbook.RopeScaling("linear", 2.0, 64)}, "rope_scaling")],
+)  # fmt: skip
+def test_a_language_model_the_javascript_does_not_run_is_refused_by_name(change, named, tmp_path):
+    model, chars = _lm(**change)
+    with pytest.raises(ValueError, match=named):
+        live.export_lm(model, chars, tmp_path / "lm.json")
+    assert not (tmp_path / "lm.json").exists()
+
+
+def test_lm_export_refuses_other_models_and_vocabularies(tmp_path):
+    model, chars = _lm()
+    data = mhbook.make_data(mhbook.FAST_CONFIG)
+    translator = mhbook.Transformer(
+        mhbook.BOOK_CONFIG.model, len(data.src_vocab), len(data.tgt_vocab)
+    )
+    with pytest.raises(TypeError, match="DecoderOnlyLM"):
+        live.export_lm(translator, chars, tmp_path / "lm.json")
+    with pytest.raises(ValueError, match="characters but the model"):
+        live.export_lm(model, chars.chars[:-1], tmp_path / "lm.json")
+    with pytest.raises(ValueError, match="not a live language model"):
+        live.shipped_lm(live.export_translator(translator, data, tmp_path / "t.json")["path"])
+
+
+def test_lm_export_honours_the_nbval_folder(monkeypatch, tmp_path):
+    model, chars = _lm()
+    monkeypatch.setenv("MHBOOK_LIVE_DIR", str(tmp_path))
+    assert live.live_path(live.LIVE_LM_FILE) == tmp_path / live.LIVE_LM_FILE
+    assert live.export_lm(model, chars)["path"] == str(tmp_path / "live" / "shakespeare.json")
+
+
+def test_the_lm_panel_is_deterministic_and_small():
+    page = live.live_lm_html().data
+    assert page == live.live_lm_html().data
+    other = live.live_lm_html(url="elsewhere.json", prompt="JULIET:\n<b>").data
+    assert f'"../_static/{live.LIVE_LM_FILE}"' in page and '"elsewhere.json"' in other
+    ids = set(re.findall(r'id="([^"]+)"', page))
+    assert len(ids) == 7 and all(i.startswith("mhbook-live-lm-") for i in ids)
+    assert ids.isdisjoint(re.findall(r'id="([^"]+)"', other))  # two panels on one page
+    assert ">ROMEO:\n</textarea>" in page and "JULIET:\n&lt;b&gt;</textarea>" in other
+    assert "function decoderOnlyLM" in page and "function loadWeights" in page
+    assert '"tensors":' not in page and len(page) < 60_000  # the weights are fetched, not inlined
+    translator = live.live_translator_html().data  # the shared code, once in each panel
+    assert translator.count("function loadWeights") == 1 and "decoderOnlyLM" not in translator
+
+
+def _lm_cells():
+    """Chapter 14's code cells that export the language model (found by their content)."""
+    notebook = nbformat.read(LM_CHAPTER, as_version=4)
+    return [c for c in notebook.cells if c.cell_type == "code" and "export_lm(" in c.source]
+
+
+def test_the_committed_lm_file_is_chapter_14s_run():
+    """As for chapter 6: the sha256 chapter 14 printed when it wrote ``live/shakespeare.json``
+    is the committed file's, and the panel in its output is the current code's."""
+    cells = _lm_cells()
+    if not cells:
+        pytest.skip("chapter 14 has no export_lm cell yet (the live language model's panel)")
+    assert len(cells) == 1, f"{len(cells)} cells of chapter 14 call export_lm"
+    printed = [
+        match.group(1)
+        for output in cells[0].outputs
+        for match in re.finditer(r"sha256 ([0-9a-f]{64})", output.get("text", ""))
+    ]
+    assert len(printed) == 1, printed
+    assert LM_COMMITTED.is_file(), f"chapters/{live.LIVE_LM_FILE} is not committed"
+    assert hashlib.sha256(LM_COMMITTED.read_bytes()).hexdigest() == printed[0]
+    assert LM_COMMITTED.stat().st_size < 5 * 2**20
+    shown = [o["data"]["text/html"] for o in cells[0].outputs if "text/html" in o.get("data", {})]
+    line = next(s for s in cells[0].source.splitlines() if "live_lm_html(" in s)
+    now = eval(line.strip(), {"live": live}).data  # noqa: S307 - the call the chapter makes
+    assert shown == [now], "chapter 14 shows an older live panel: run the chapter again"

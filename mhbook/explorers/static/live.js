@@ -5,9 +5,8 @@
 // (AddNorm, post-norm), positionWiseFFN, multiHeadAttention (W_q, W_k, W_v, W_o, split into
 // heads), encoderBlock, encoder, decoderBlock, decoder (one step with a KV cache), translate
 // (greedy, as mhbook.generate). Weights travel as float16 and are computed in float32.
-// data: {url, scale (colour_scale()), maxNumber, example}.
-const $ = (selector) => root.querySelector(selector);
-const esc = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+// data: {url, scale (colour_scale()), maxNumber, example}. After live_core.js, which holds
+// what the live panels share: $, esc, loadWeights (float16 -> float32), linear, softmax, heatmap.
 
 // ---------------------------------------------------------------- numbers to English words
 // Written by hand to match num2words(n, lang="en") without commas, as mhbook.data.english_words
@@ -57,38 +56,8 @@ function detokenize(tokens) {
   return text;
 }
 
-// ---------------------------------------------------------------- weights: float16 -> float32
-function halfToFloat(h) {
-  const sign = h & 0x8000 ? -1 : 1;
-  const exponent = (h >> 10) & 0x1f;
-  const fraction = h & 0x3ff;
-  if (exponent === 0) return sign * 2 ** -14 * (fraction / 1024);
-  if (exponent === 31) return fraction ? NaN : sign * Infinity;
-  return sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
-}
-function decodeTensor({ shape, data: b64 }) {
-  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-  const halves = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.length / 2);
-  const values = new Float32Array(halves.length);
-  for (let i = 0; i < halves.length; i++) values[i] = halfToFloat(halves[i]);
-  return { shape, values };
-}
-
 // ---------------------------------------------------------------- the layers
-// A sequence is an array of Float32Array rows (one per token).
-function linear(x, W, b) { // nn.Linear: W (out, in) as PyTorch stores it
-  const [out, inp] = W.shape;
-  return x.map((row) => {
-    const y = new Float32Array(out);
-    for (let o = 0; o < out; o++) {
-      let s = b ? b.values[o] : 0;
-      const w = o * inp;
-      for (let i = 0; i < inp; i++) s += row[i] * W.values[w + i];
-      y[o] = s;
-    }
-    return y;
-  });
-}
+// A sequence is an array of Float32Array rows (one per token); linear is live_core.js's.
 function layerNorm(x, weight, bias, eps) {
   return x.map((row) => {
     const d = row.length;
@@ -110,13 +79,6 @@ function positionWiseFFN(x, P, name) { // linear2(relu(linear1(x)))
   const hidden = linear(x, P[`${name}.linear1.weight`], P[`${name}.linear1.bias`]);
   hidden.forEach((row) => row.forEach((v, i) => { if (v < 0) row[i] = 0; }));
   return linear(hidden, P[`${name}.linear2.weight`], P[`${name}.linear2.bias`]);
-}
-function softmax(scores) {
-  let max = -Infinity;
-  for (const s of scores) if (s > max) max = s;
-  const e = scores.map((s) => (s === -Infinity ? 0 : Math.exp(s - max)));
-  const total = e.reduce((a, b) => a + b, 0);
-  return e.map((v) => v / total);
 }
 // Attention of the queries `q` (already projected) over projected keys and values, head by head.
 // causalFrom: the position of the first query (keys after a query's own position are masked),
@@ -253,11 +215,7 @@ let modelPromise = null;
 function loadModel() {
   if (!modelPromise) {
     modelPromise = (async () => {
-      const response = await fetch(data.url);
-      if (!response.ok) throw new Error(`could not load ${data.url}: HTTP ${response.status}`);
-      const raw = await response.json();
-      const P = {};
-      for (const [name, tensor] of Object.entries(raw.tensors)) P[name] = decodeTensor(tensor);
+      const { P, raw } = await loadWeights(data.url);
       const srcIndex = new Map(raw.src_vocab.map((t, i) => [t, i]));
       return { P, cfg: raw.config, raw, srcIndex };
     })();
@@ -325,35 +283,6 @@ async function logits(srcIds, tgtIds) {
 }
 
 // ---------------------------------------------------------------- drawing
-function heatmap(values, rowLabels, colLabels, title) {
-  const cell = 16;
-  const left = 8 + 6.2 * Math.max(4, ...rowLabels.map((t) => t.length));
-  const top = 8 + 6.2 * Math.max(4, ...colLabels.map((t) => t.length));
-  const width = left + cell * colLabels.length + 4;
-  const height = top + cell * rowLabels.length + 4;
-  const lut = data.scale.colours;
-  let body = "";
-  values.forEach((row, i) => row.forEach((v, j) => {
-    const k = Math.round(Math.min(1, Math.max(0, v)) * (lut.length - 1));
-    body += `<rect x="${left + j * cell}" y="${top + i * cell}" width="${cell}" ` +
-      `height="${cell}" fill="${lut[k]}"><title>${esc(rowLabels[i])} \u2192 ` +
-      `${esc(colLabels[j])}: ${v.toFixed(2)}</title></rect>`;
-  }));
-  rowLabels.forEach((t, i) => {
-    body += `<text x="${left - 4}" y="${top + i * cell + cell * 0.7}" text-anchor="end" ` +
-      `font-size="11">${esc(t)}</text>`;
-  });
-  colLabels.forEach((t, j) => {
-    const x = left + j * cell + cell * 0.65;
-    body += `<text transform="translate(${x},${top - 4}) rotate(-90)" font-size="11">` +
-      `${esc(t)}</text>`;
-  });
-  return `<figure class="mhbook-live-map"><figcaption>${esc(title)}</figcaption>` +
-    `<svg role="img" aria-label="${esc(title)}: attention weights, queries ${esc(rowLabels
-      .join(" "))} over keys ${esc(colLabels.join(" "))}" width="${width}" height="${height}" ` +
-    `viewBox="0 0 ${width} ${height}">${body}</svg></figure>`;
-}
-
 function drawState(model, srcTokens, state) {
   const { cfg, raw } = model;
   const src = [...srcTokens, "<eos>"];
@@ -478,6 +407,8 @@ window.mhbookLive = Object.assign(window.mhbookLive || {}, {
   numberToWords,
   tokenize,
   load: () => loadModel().then(() => true),
-  complete: () => Promise.reject(new Error(
-    "the live language model comes with Part V of the book, which is not written yet")),
 });
+// The language model's complete() is live_lm.js's (chapter 14); on a page without its panel,
+// a pointer to it.
+window.mhbookLive.complete ??= () => Promise.reject(new Error(
+  "the live language model is in chapter 14, A small Llama: open its panel there"));
