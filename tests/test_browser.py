@@ -125,6 +125,24 @@ def browser(request):
         chromium.close()
 
 
+@pytest.fixture(scope="module")
+def chromium():
+    """Chromium alone, for the tests that open a standalone page of one panel
+    (tests/test_browser_passages.py, tests/test_browser_live_lm.py import this fixture)."""
+    if CHROMIUM is None or not Path(CHROMIUM).exists():
+        _no_browser("Chromium is not installed (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _no_browser("the playwright package is not installed")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        yield browser
+        browser.close()
+
+
 class Visit:
     """A browser tab that records what a page asked for and what went wrong in it."""
 

@@ -14,8 +14,6 @@ without Chromium the test is skipped, unless ``CI`` is set. The panel's screensh
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -25,17 +23,10 @@ from mhbook.shakespeare import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare
 
 try:
     from book_server import serve
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, Visit, _axe_problems, _no_browser
+    from test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401 (a fixture)
 except ImportError:  # tests/ became a package
     from tests.book_server import serve
-    from tests.test_browser import (
-        CHROMIUM,
-        CHROMIUM_ARGS,
-        SCREENSHOTS,
-        Visit,
-        _axe_problems,
-        _no_browser,
-    )
+    from tests.test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401
 
 pytestmark = pytest.mark.slow(seconds=30)  # trains a small model, then drives Chromium
 
@@ -69,22 +60,6 @@ def shipped(tmp_path_factory):
     lm = live.shipped_lm(info["path"])
     assert lm.config == model.config.replace(window=64)  # the window chapter 14 samples through
     return folder, lm, chars
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    if CHROMIUM is None or not Path(CHROMIUM).exists():
-        _no_browser("Chromium is not installed (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _no_browser("the playwright package is not installed")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
-        )
-        yield browser
-        browser.close()
 
 
 def _greedy(lm, chars, prompt: str, n: int) -> str:

@@ -9,8 +9,6 @@ without Chromium the test is skipped, unless ``CI`` is set. The explorer's scree
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -20,16 +18,9 @@ from mhbook import analysis
 from mhbook.explorers import passages
 
 try:
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, Visit, _axe_problems, _no_browser
+    from test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401 (a fixture)
 except ImportError:  # tests/ became a package
-    from tests.test_browser import (
-        CHROMIUM,
-        CHROMIUM_ARGS,
-        SCREENSHOTS,
-        Visit,
-        _axe_problems,
-        _no_browser,
-    )
+    from tests.test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401
 
 TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
@@ -63,22 +54,6 @@ def shown():
     tokens = [list(TEXT[s : s + T]) for s in STARTS]
     weights = analysis.passage_attention(model, [[chars.index(c) for c in p] for p in tokens])
     return tokens, weights
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    if CHROMIUM is None or not Path(CHROMIUM).exists():
-        _no_browser("Chromium is not installed (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _no_browser("the playwright package is not installed")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
-        )
-        yield browser
-        browser.close()
 
 
 READ = """
