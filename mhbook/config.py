@@ -55,7 +55,7 @@ class RopeScaling:
     """How to stretch RoPE over a context ``factor`` times the one a model was trained on.
 
     Attributes:
-        kind: one of :data:`ROPE_SCALINGS`: ``"linear"`` (position interpolation, Chen
+        kind: one of ``ROPE_SCALINGS``: ``"linear"`` (position interpolation, Chen
             et al., 2023), ``"ntk"`` (NTK-aware scaling, bloc97, 2023) or ``"yarn"``
             (Peng et al., 2024); :func:`mhbook.rope.rope_frequencies` gives the math of each.
         factor: ``s >= 1``, the new context over the original one (1: no change).

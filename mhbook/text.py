@@ -62,7 +62,7 @@ def load_shakespeare(path: str | os.PathLike | None = None) -> str:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the file's sha256 is not :data:`SHAKESPEARE_SHA256`; the message names
+        ValueError: the file's sha256 is not ``SHAKESPEARE_SHA256``; the message names
             the file, the expected and the actual digest.
     """
     path = Path(shakespeare_path() if path is None else path)

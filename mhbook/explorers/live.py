@@ -302,7 +302,7 @@ def export_lm(
     (:func:`live_lm_html`), to ``path`` (default :func:`live_path` of :data:`LIVE_LM_FILE`).
 
     As :func:`export_translator`: every tensor of ``model.state_dict()`` as little-endian
-    float16 in base64; beside them the config (:data:`_LM_CONFIG_FIELDS`) and the
+    float16 in base64; beside them the config (``_LM_CONFIG_FIELDS``) and the
     characters, ``chars[i]`` being token ``i``.
 
     Args:
