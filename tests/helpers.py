@@ -80,3 +80,13 @@ def head_zeroed(layer, head: int, width: int):
         yield layer
     finally:
         handle.remove()
+
+
+def stepped(lm, tokens, chunks=(1,)):
+    """Logits of `tokens` fed to `lm` in chunks of these sizes (cycled), with its cache."""
+    cache, outputs, start, i = lm.new_cache(), [], 0, 0
+    while start < tokens.size(1):
+        size = chunks[i % len(chunks)]
+        outputs.append(lm(tokens[:, start : start + size], cache=cache))
+        start, i = start + size, i + 1
+    return torch.cat(outputs, dim=1), cache

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import CLOSE, EXACT
+from helpers import stepped as _stepped
 
 import mhbook
 from mhbook import DecoderOnlyLM, KVCache, LayerCache, ModelConfig
@@ -22,15 +23,6 @@ def _lm(seed=0, **kwargs):
 
 def _tokens(batch=2, length=12, seed=0):
     return torch.randint(4, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def _stepped(lm, tokens, chunks=(1,)):
-    cache, outputs, start, i = lm.new_cache(), [], 0, 0
-    while start < tokens.size(1):
-        size = chunks[i % len(chunks)]
-        outputs.append(lm(tokens[:, start : start + size], cache=cache))
-        start, i = start + size, i + 1
-    return torch.cat(outputs, dim=1), cache
 
 
 def test_which_layers_are_global():

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import CLOSE, EXACT, seeded
+from helpers import stepped as _stepped
 
 import mhbook
 from mhbook import DecoderOnlyLM, KVCache, LayerCache, ModelConfig, MultiHeadAttention
@@ -25,16 +26,6 @@ def _lm(seed=0, **kwargs):
 
 def _tokens(batch=2, length=9, seed=0):
     return torch.randint(4, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def _stepped(lm, tokens, chunks=(1,)):
-    """Logits of `tokens` fed to `lm` in chunks of these sizes (cycled), with its cache."""
-    cache, outputs, start, i = lm.new_cache(), [], 0, 0
-    while start < tokens.size(1):
-        size = chunks[i % len(chunks)]
-        outputs.append(lm(tokens[:, start : start + size], cache=cache))
-        start, i = start + size, i + 1
-    return torch.cat(outputs, dim=1), cache
 
 
 # -- the mask -------------------------------------------------------------------------------
