@@ -16,6 +16,7 @@ import torch
 import mhbook
 from mhbook import analysis
 from mhbook.explorers import passages
+from mhbook.shakespeare import SHAKESPEARE_MODEL
 
 try:
     from test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401 (a fixture)
@@ -35,17 +36,8 @@ def shown():
     """(tokens, weights): three passages of a random Llama-shaped character model."""
     chars = sorted(set(TEXT))
     mhbook.set_seed(0)
-    config = mhbook.ModelConfig(
-        d_model=32,
-        num_heads=4,
-        num_layers=2,
-        d_ff=64,
-        norm_first=True,
-        norm="rms",
-        ffn="swiglu",
-        bias=False,
-        position="rope",
-        scale_embeddings=False,
+    config = SHAKESPEARE_MODEL.replace(
+        d_model=32, num_heads=4, num_kv_heads=None, num_layers=2, d_ff=64
     )
     model = mhbook.DecoderOnlyLM(config, len(chars))
     with torch.no_grad():  # sharper queries: a more varied picture than a random model's

@@ -19,6 +19,7 @@ import torch  # noqa: E402
 import mhbook  # noqa: E402
 from mhbook import analysis, explorers  # noqa: E402
 from mhbook.explorers import passages, svg  # noqa: E402
+from mhbook.shakespeare import SHAKESPEARE_MODEL  # noqa: E402
 
 try:
     from test_explorers import assert_self_contained, explorer_data
@@ -30,26 +31,16 @@ def root_id(html: str) -> str:
     return re.search(r'class="mhbook-explorer mhbook-passages" id="([^"]+)"', html).group(1)
 
 
-#: A Llama-shaped model: pre-norm RMSNorm, SwiGLU, no biases, RoPE.
-LLAMA = dict(
-    d_model=32,
-    num_heads=4,
-    num_layers=2,
-    d_ff=64,
-    norm_first=True,
-    norm="rms",
-    ffn="swiglu",
-    bias=False,
-    position="rope",
-    scale_embeddings=False,
-)
+#: Part V's Llama shape (pre-norm RMSNorm, SwiGLU, no biases, RoPE), smaller and with one
+#: key/value head per query head.
+LLAMA = SHAKESPEARE_MODEL.replace(d_model=32, num_heads=4, num_kv_heads=None, num_layers=2, d_ff=64)
 VOCAB, T = 20, 9
 
 
 @pytest.fixture(scope="module")
 def model():
     mhbook.set_seed(0)
-    return mhbook.DecoderOnlyLM(mhbook.ModelConfig(**LLAMA), VOCAB)
+    return mhbook.DecoderOnlyLM(LLAMA, VOCAB)
 
 
 @pytest.fixture(scope="module")
