@@ -220,6 +220,10 @@ def _worker(rank, fn, args, kwargs, world_size, backend, port, timeout, threads,
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=wait
         )
+        # Every rank past its set-up before any goes on: a rank whose fn returns at once
+        # would otherwise leave (and close its connections) while another is still
+        # connecting to it, which fails there with gloo's "Connection closed by peer".
+        dist.barrier(device_ids=[rank] if backend == "nccl" else None)
         # Pickled here with the plain pickle: a tensor travels as bytes, not as shared
         # memory that would vanish with this process.
         message = (True, pickle.dumps(fn(rank, world_size, device, *args, **kwargs)))
