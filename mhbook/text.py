@@ -123,7 +123,8 @@ class CharTokenizer:
         try:
             return [self._ids[c] for c in text]
         except KeyError:
-            unknown = sorted({c for c in text if c not in self._ids})
+            # In order of appearance, so that the first one named is the first in the text.
+            unknown = list(dict.fromkeys(c for c in text if c not in self._ids))
             where = text.index(unknown[0])
             raise ValueError(
                 f"text has {len(unknown)} character(s) outside this tokenizer's "

@@ -66,6 +66,9 @@ def test_a_character_outside_the_vocabulary_is_named(text):
     chars = CharTokenizer(text)
     with pytest.raises(ValueError, match=r"\['é'\] \(the first at index 1\)"):
         chars.encode("Héllo")
+    # Listed in order of appearance: "ù" at 1 comes first, though "é" sorts before it.
+    with pytest.raises(ValueError, match=r"\['ù', 'é'\] \(the first at index 1\)"):
+        chars.encode("Où es-tu, Roméo?")
     with pytest.raises(ValueError, match=r"ids must be in \[0, 65\)"):
         chars.decode([3, 65])
 
