@@ -155,10 +155,15 @@ def kernel_shares_kv_heads(q: torch.Tensor, attn_mask: torch.Tensor | None) -> b
     """Whether a fused kernel of PyTorch attends with fewer key/value heads than query
     heads itself (``enable_gqa=True``), rather than falling back to its math backend.
 
-    The CPU's kernel always can. On a CUDA GPU only FlashAttention can (PyTorch 2.5 to
-    2.11 at least; the memory-efficient and cuDNN kernels need as many key/value heads as
-    query heads), and it needs float16 or bfloat16, no mask tensor, heads of at most 256
-    and a GPU of compute capability 8.0 or later (not the T4 of Colab's free tier).
+    The CPU's kernel always can. On a CUDA GPU, PyTorch's dispatcher lets FlashAttention
+    and the cuDNN kernel take fewer key/value heads (both need float16 or bfloat16 and a GPU
+    of compute capability 8.0 or later, not the T4 of Colab's free tier; cuDNN takes a mask
+    too), while the memory-efficient kernel needs as many key/value heads as query heads
+    (``can_use_cudnn_attention`` and ``can_use_flash_attention`` in PyTorch's
+    ``sdp_utils.cpp``). This function answers ``True`` only where FlashAttention applies
+    (no mask tensor, heads of at most 256): which of the other kernels runs depends on
+    PyTorch's order of backends, so there the keys and values are repeated rather than
+    risk the math backend.
     """
     if q.device.type == "cpu":
         return True
