@@ -28,6 +28,12 @@ Reader copies
     ``notebooks/`` (``_ext/reader_notebooks.py``). The Colab button of a chapter opens its copy,
     and the page's ``.ipynb`` download gives it.
 
+Practice copies
+    ``practice/`` holds each chapter with the code that builds a mechanism left as stubs, each
+    followed by its ``mhbook.check`` (``_ext/practice_notebooks.py``). Beside the Colab button, a
+    "Practice in Colab" button opens the chapter's practice copy, and the download menu offers it
+    ("practice .ipynb", served from ``_sources/practice/``).
+
 API reference
     The directive ``{mhbook-api}`` writes one section per module of the ``mhbook``
     package, found by :mod:`pkgutil` and documented with ``automodule``, so the
@@ -158,19 +164,52 @@ def _source_role(name, rawtext, text, lineno, inliner, options=None, content=Non
 
 
 READER_COPIES = Path(__file__).resolve().parents[1] / "notebooks"
+PRACTICE_COPIES = Path(__file__).resolve().parents[1] / "practice"
+PRACTICE_TEXT = "Practice in Colab"
 
 
 def _colab_opens_reader_copy(app: Sphinx, pagename, templatename, context, doctree) -> None:
-    """Point a chapter's Colab button at ``notebooks/<chapter>.ipynb`` (runs after the theme's)."""
+    """Point a chapter's Colab button at ``notebooks/<chapter>.ipynb``, add a "Practice in Colab"
+    button beside it that opens ``practice/<chapter>.ipynb``, and a "practice .ipynb" download
+    (runs after the theme has made its buttons)."""
     name = pagename.rpartition("/")[2]
     if not pagename.startswith("chapters/") or not (READER_COPIES / f"{name}.ipynb").is_file():
         return
+    practice = (PRACTICE_COPIES / f"{name}.ipynb").is_file()
     for group in context.get("header_buttons", []):
-        for button in group.get("buttons", []) if group.get("label") == "launch-buttons" else []:
-            if button.get("text") == "Colab":
-                button["url"] = button["url"].replace(
-                    f"/{pagename}.ipynb", f"/notebooks/{name}.ipynb"
-                )
+        if group.get("label") == "launch-buttons":
+            buttons = group.get("buttons", [])
+            for at, button in enumerate(list(buttons)):
+                if button.get("text") != "Colab":
+                    continue
+                url = button["url"]
+                button["url"] = url.replace(f"/{pagename}.ipynb", f"/notebooks/{name}.ipynb")
+                if practice and not any(b.get("text") == PRACTICE_TEXT for b in buttons):
+                    buttons.insert(
+                        at + 1,
+                        {
+                            **button,
+                            "text": PRACTICE_TEXT,
+                            "tooltip": "Practice in Colab: write the chapter's code yourself, "
+                            "checked cell by cell",
+                            "url": url.replace(f"/{pagename}.ipynb", f"/practice/{name}.ipynb"),
+                        },
+                    )
+        elif group.get("label") == "download-buttons" and practice:
+            buttons = group.get("buttons", [])
+            if any(b.get("label") == "download-practice-button" for b in buttons):
+                continue
+            buttons.insert(
+                1,
+                {
+                    "type": "link",
+                    "url": f"{context['pathto']('_sources', 1)}/practice/{name}.ipynb",
+                    "text": "practice .ipynb",
+                    "tooltip": "Download the practice notebook (stubs to fill in, with checks)",
+                    "icon": "fas fa-pen",
+                    "label": "download-practice-button",
+                },
+            )
 
 
 def _copy_live_files(app: Sphinx, exception) -> None:
@@ -182,12 +221,18 @@ def _copy_live_files(app: Sphinx, exception) -> None:
 
 
 def _download_reader_copies(app: Sphinx, exception) -> None:
-    """The ``.ipynb`` download of a chapter's page is its reader copy, not the MyST source."""
+    """The ``.ipynb`` download of a chapter's page is its reader copy, not the MyST source;
+    its practice copy is served beside it, in ``_sources/practice/``."""
     if exception is None and app.builder.format == "html":
         sources = Path(app.outdir) / "_sources" / "chapters"
         for copy in READER_COPIES.glob("*.ipynb"):
             if (sources / copy.name).is_file():
                 shutil.copyfile(copy, sources / copy.name)
+        practice = Path(app.outdir) / "_sources" / "practice"
+        for copy in PRACTICE_COPIES.glob("*.ipynb"):
+            if (sources / copy.name).is_file():
+                practice.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(copy, practice / copy.name)
 
 
 class AuthorYearLabels(BaseLabelStyle):

@@ -188,27 +188,33 @@ def expected() -> dict[str, str]:
     return {p.name: render(reader_copy(p)) for p in sorted(CHAPTERS.glob("*.ipynb"))}
 
 
+def sync(folder: Path, want: dict[str, str], *, check: bool, script: str) -> int:
+    """Make ``folder`` hold exactly the notebooks ``want`` (file name -> text), or with ``check``
+    only list those that differ; the exit status (1: stale, with ``check``)."""
+    have = {p.name: p.read_text() for p in folder.glob("*.ipynb")}
+    stale = sorted(n for n in want.keys() | have.keys() if want.get(n) != have.get(n))
+    where = folder.relative_to(ROOT).as_posix() if folder.is_relative_to(ROOT) else str(folder)
+    if check:
+        for name in stale:
+            print(f"{where}/{name} is not what {script} makes", file=sys.stderr)
+        return 1 if stale else 0
+    folder.mkdir(exist_ok=True)
+    for name in stale:
+        if name in want:
+            (folder / name).write_text(want[name])
+        else:
+            (folder / name).unlink()
+        print(f"wrote {where}/{name}" if name in want else f"removed {where}/{name}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--check", action="store_true", help="only say whether notebooks/ is current"
     )
     args = parser.parse_args(argv)
-    want = expected()
-    have = {p.name: p.read_text() for p in NOTEBOOKS.glob("*.ipynb")}
-    stale = sorted(n for n in want.keys() | have.keys() if want.get(n) != have.get(n))
-    if args.check:
-        for name in stale:
-            print(f"notebooks/{name} is not what _ext/reader_notebooks.py makes", file=sys.stderr)
-        return 1 if stale else 0
-    NOTEBOOKS.mkdir(exist_ok=True)
-    for name in stale:
-        if name in want:
-            (NOTEBOOKS / name).write_text(want[name])
-        else:
-            (NOTEBOOKS / name).unlink()
-        print(f"wrote notebooks/{name}" if name in want else f"removed notebooks/{name}")
-    return 0
+    return sync(NOTEBOOKS, expected(), check=args.check, script="_ext/reader_notebooks.py")
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 The book is built from the committed outputs (no execution: nbval proves they equal a fresh
 run) with ``-W -n --keep-going``, served on 127.0.0.1, and each page is checked: its title,
 no traceback in any output, typeset math, loaded images, a Colab button that opens *this*
-chapter, no request leaving 127.0.0.1, no JavaScript error, and no serious or critical
-accessibility violation found by axe-core (the copy that the pinned ``axe-playwright-python``
-ships). The explorers of chapters 1, 2, 3 and 5 are moved with the keyboard and must redraw,
-with the numbers of their Python references in ``mhbook.explorers``.
+chapter (and a "Practice in Colab" button and a download that give its practice copy), no
+request leaving 127.0.0.1, no JavaScript error, and no serious or critical accessibility
+violation found by axe-core (the copy that the pinned ``axe-playwright-python`` ships). The
+explorers of chapters 1, 2, 3 and 5 are moved with the keyboard and must redraw, with the
+numbers of their Python references in ``mhbook.explorers``.
 
 Chromium is Debian's (``apt-get install chromium``); Playwright only drives it, nothing is
 downloaded. Without Chromium the browser checks are skipped, unless ``CI`` is set: then they
@@ -259,6 +260,10 @@ PAGE_FACTS = """
       src: img.currentSrc || img.src, complete: img.complete, width: img.naturalWidth })),
     colab: Array.from(document.querySelectorAll("a[href*='colab.research.google.com']"))
       .map((a) => a.href),
+    practice: Array.from(document.querySelectorAll("a"))
+      .filter((a) => a.textContent.trim() === "Practice in Colab").map((a) => a.href),
+    practiceDownload: Array.from(document.querySelectorAll("a"))
+      .filter((a) => a.textContent.trim() === "practice .ipynb").map((a) => a.href),
   };
 }
 """
@@ -314,8 +319,16 @@ def test_book_builds(build):
         pytest.fail(build.report(), pytrace=False)
 
 
+def practice_url(page) -> str:
+    """The address of the "Practice in Colab" button of ``page``: its practice copy in
+    ``practice/`` (``_ext/practice_notebooks.py``), beside the reader copy's."""
+    head, _, name = colab_url(page).rpartition("/notebooks/")
+    return f"{head}/practice/{name}"
+
+
 def test_downloads_are_reader_copies(build):
-    """A chapter page's ``.ipynb`` download is its reader copy in ``notebooks/``, which exists."""
+    """A chapter page's ``.ipynb`` download is its reader copy in ``notebooks/``, which exists,
+    and its "practice .ipynb" download (``_sources/practice/``) is its practice copy."""
     chapters = [p for p in PAGES if p.is_notebook]
     assert chapters
     for page in chapters:
@@ -324,6 +337,12 @@ def test_downloads_are_reader_copies(build):
         assert copy.is_file(), f"no reader copy {copy} for {page.file} (make notebooks)"
         download = build.html_dir / "_sources" / "chapters" / name
         assert download.read_text() == copy.read_text(), f"{download} is not notebooks/{name}"
+        practice = ROOT / "practice" / name
+        assert practice.is_file(), f"no practice copy {practice} for {page.file} (make notebooks)"
+        download = build.html_dir / "_sources" / "practice" / name
+        assert download.is_file() and download.read_text() == practice.read_text(), (
+            f"{download} is not practice/{name}"
+        )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.file for p in PAGES])
@@ -365,6 +384,16 @@ def test_page(page, visit):
         want = colab_url(page)
         if want not in facts["colab"]:
             problems.append(f"no Colab launch link to {want}; links found: {facts['colab']}")
+        practice = practice_url(page)
+        if facts["practice"] != [practice]:
+            problems.append(
+                f"no 'Practice in Colab' link to {practice}; found: {facts['practice']}"
+            )
+        download = f"{visit.base_url}_sources/practice/{Path(page.file).name}.ipynb"
+        if facts["practiceDownload"] != [download]:
+            problems.append(
+                f"no 'practice .ipynb' download of {download}; found: {facts['practiceDownload']}"
+            )
     if visit.external:
         problems.append(f"requests that left 127.0.0.1: {sorted(set(visit.external))}")
     if visit.failed:

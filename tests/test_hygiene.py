@@ -198,6 +198,22 @@ LAYERS = [
         "explorers.passages",
     ],
     ["explorers"],
+    # the checks of the reader's own code: the grader, the checks (which may import any
+    # module below), the package that gathers them and its command line
+    ["check.grader"],
+    [
+        "check.basics",
+        "check.encodings",
+        "check.decoding",
+        "check.sharing",
+        "check.positions",
+        "check.windows",
+        "check.parallel",
+        "check.llama",
+        "check.scaling",
+        "check.circuits",
+    ],
+    ["check", "check.__main__"],
 ]
 
 PACKAGE = ROOT / "mhbook"

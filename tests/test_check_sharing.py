@@ -1,0 +1,67 @@
+"""The grader's own tests for ``mhbook.check.sharing``: repeat_kv and grouped-query
+attention."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from grading import assert_every_bug_named, assert_passes, assert_rejects_corruptions
+
+from mhbook import check
+
+
+def repeat_kv_expand(t, n_rep):
+    """The chapter's: a view expanded along a new axis, then merged into the heads."""
+    B, g, T, d = t.shape
+    return t[:, :, None].expand(B, g, n_rep, T, d).reshape(B, g * n_rep, T, d)
+
+
+def repeat_kv_index(t, n_rep):
+    """Another correct repeat_kv: index_select with head i -> i // n_rep."""
+    return t.index_select(1, torch.arange(t.size(1) * n_rep) // n_rep)
+
+
+def gqa_grouped(q, k, v, mask=None):
+    """Another correct GQA: the query heads grouped (B, h_kv, group, T, d), einsum, a mask
+    given its group axis, no repetition of k and v."""
+    B, h, T, d = q.shape
+    h_kv = k.size(1)
+    compute = torch.promote_types(q.dtype, torch.float32)
+    qg = q.to(compute).view(B, h_kv, h // h_kv, T, d)
+    s = torch.einsum("bkgtd,bksd->bkgts", qg, k.to(compute)) / math.sqrt(d)
+    if mask is not None:
+        s = s.masked_fill(~(mask[:, :, None] if mask.dim() == 4 else mask), float("-inf"))
+    out = torch.einsum("bkgts,bksd->bkgtd", torch.softmax(s, -1), v.to(compute))
+    return out.reshape(B, h, T, d).to(q.dtype)
+
+
+def gqa_loop(q, k, v, mask=None):
+    """Another correct GQA: a loop over the query heads, in float64, a -1e9 fill."""
+    h, h_kv = q.size(1), k.size(1)
+    heads = []
+    for i in range(h):
+        j = i // (h // h_kv)
+        s = q[:, i].double() @ k[:, j].double().transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            m = mask.expand(q.size(0), h, q.size(2), k.size(2))[:, i]
+            s = s.masked_fill(~m, -1e9)
+        heads.append(torch.softmax(s, -1) @ v[:, j].double())
+    return torch.stack(heads, 1).to(q.dtype)
+
+
+def test_references_and_other_implementations_pass():
+    for impl in (check.repeat_kv.spec.reference, repeat_kv_expand, repeat_kv_index):
+        assert_passes(check.repeat_kv, impl)
+    for impl in (check.gqa.spec.reference, gqa_grouped, gqa_loop):
+        assert_passes(check.gqa, impl)
+
+
+def test_every_bug_is_caught_and_named():
+    assert_every_bug_named(check.repeat_kv)
+    assert_every_bug_named(check.gqa)
+
+
+def test_nan_wrong_shape_and_dtype_never_pass():
+    assert_rejects_corruptions(check.repeat_kv)
+    assert_rejects_corruptions(check.gqa)
