@@ -58,6 +58,13 @@ def test_a_check_runs_on_a_function_named_module_colon_name(tmp_path, monkeypatc
     assert "Likely bug: the scores are not scaled" in capsys.readouterr().out
 
 
+def test_a_name_alone_prints_the_contract_and_the_bugs_it_names(capsys):
+    assert main(["attention"]) == 0
+    out = capsys.readouterr().out
+    assert "Contract:" in out and "The bugs it names:" in out
+    assert all(f"  - {bug.name}" in out for bug in check.attention.spec.bugs)
+
+
 def test_unknown_names_are_refused_clearly(capsys):
     assert main(["no_such_check", "x:y"]) == 2
     assert "no check named 'no_such_check'" in capsys.readouterr().err

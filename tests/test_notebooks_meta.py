@@ -376,6 +376,8 @@ PROSE_DECIMALS_ALLOWED = {
     "12-sliding-windows": {
         "3.9": "a hint's arithmetic: 32,000 tokens x 128 KiB = 3.9 GiB",
         "0.5": "a hint's arithmetic: 4,096 tokens x 128 KiB = 0.5 GiB",
+        "7.2": "Mistral 7B's 7,241,732,096 weights, in billions",
+        "13.5": "those weights in 16-bit: 14.5e9 bytes = 13.5 GiB",
     },
 }
 _FENCE = re.compile(r"^(```|~~~|:::).*?^\1", flags=re.S | re.M)

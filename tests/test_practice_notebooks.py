@@ -84,11 +84,33 @@ def _definition_source(source: str, node: ast.AST) -> str:
     return "".join(lines[start - 1 : node.end_lineno])
 
 
-def exec_alone(source: str, name: str, imports: str, where: str):
+def earlier_solutions(notebook, cell_id: str) -> list[tuple[str, str]]:
+    """``(name, source)`` of the tagged definitions of the cells before ``cell_id``: what the
+    reader has written by then in the practice copy (chapter 14's ``attention`` calls the
+    ``rope`` of an earlier cell)."""
+    out = []
+    for cell in notebook.cells:
+        if cell.get("id") == cell_id:
+            break
+        if cell.cell_type != "code":
+            continue
+        tagged = practice_notebooks.parse_tags(cell.metadata.get("tags", []), cell_id)
+        if not tagged:
+            continue
+        found = practice_notebooks.top_level_definitions(ast.parse(cell.source))
+        for name, _ in tagged:
+            out.append((name, _definition_source(cell.source, found[name])))
+    return out
+
+
+def exec_alone(source: str, name: str, imports: str, where: str, earlier=()):
     """Define ``name`` from a cell's ``source`` on its own: in a namespace holding only
-    :data:`PRELUDE`, the chapter's ``imports`` and the cell's other top-level definitions."""
+    :data:`PRELUDE`, the chapter's ``imports``, the ``earlier`` tagged definitions (see
+    :func:`earlier_solutions`) and the cell's other top-level definitions."""
     namespace: dict = {"__name__": f"practice_{name}"}
     exec(compile(PRELUDE + imports, f"<{where}: imports>", "exec"), namespace)
+    for other, text in earlier:
+        exec(compile(text, f"<{where}: earlier {other}>", "exec"), namespace)
     found = practice_notebooks.top_level_definitions(ast.parse(source))
     assert name in found, f"{where}: no top-level def or class {name} (it has {list(found)})"
     for other in [n for n in found if n != name] + [name]:
@@ -173,12 +195,13 @@ def test_practice_copy_is_the_reader_copy_with_stubs(chapter):
 @pytest.mark.parametrize(("chapter", "cell_id", "name", "check"), TAGGED, ids=TAG_IDS)
 def test_the_chapters_solution_passes_its_check_on_its_own(chapter, cell_id, name, check):
     """The chapter's own code for a tagged definition, defined alone (its cell's other
-    definitions, the chapter's imports and the usual modules, nothing else), passes the check
-    the tag names."""
+    definitions, the tagged definitions of earlier cells, the chapter's imports and the usual
+    modules, nothing else), passes the check the tag names."""
     assert check in CHECKS, f"{chapter.name}: practice:{name}={check}: no check.{check}"
     notebook = nbformat.read(chapter, as_version=4)
     where = f"{chapter.name} {cell_id}"
-    impl = exec_alone(_cell(notebook, cell_id).source, name, chapter_imports(notebook), where)
+    source, imports = _cell(notebook, cell_id).source, chapter_imports(notebook)
+    impl = exec_alone(source, name, imports, where, earlier_solutions(notebook, cell_id))
     result = CHECKS[check](impl)
     assert result, f"{where}: the chapter's {name} fails check.{check}:\n{result.report()}"
 

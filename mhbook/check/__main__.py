@@ -52,6 +52,10 @@ def main(argv=None) -> int:
     fn = CHECKS[args.check]
     if args.target is None:
         print(f"{args.check}: {fn.spec.title}\n\n{fn.spec.contract.strip()}")
+        if fn.spec.bugs:
+            print("\nThe bugs it names:")
+            for bug in fn.spec.bugs:
+                print(f"  - {bug.name}")
         return 0
     result = fn(load(args.target))
     print(result.report())
