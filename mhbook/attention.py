@@ -136,8 +136,9 @@ def _fused(q, k, v, attn_mask, dropout_p, is_causal, group):
     if group > 1 and q.size(2) > 1 and not kernel_shares_kv_heads(q, attn_mask):
         # Several queries, and no fused kernel is sure to take shared heads here (cuDNN may,
         # but PyTorch's default order tries its math backend first on most GPUs): the math
-        # backend would store the (L, S) scores of every query head as the explicit path does. Copy each key/value head for its `group` query heads
-        # instead, so that a fused kernel runs. A decoding step (one query) keeps the shared
+        # backend would store the (L, S) scores of every query head as the explicit path
+        # does. Copy each key/value head for its `group` query heads instead, so that a
+        # fused kernel runs. A decoding step (one query) keeps the shared
         # heads: there are no L x S scores to avoid, and reading each cached key and value
         # once is what sharing them is for (on an H200 at 16k cached tokens, grouped-query
         # decoding took 0.95 ms per token this way, 2.27 ms with the copies).
@@ -161,10 +162,10 @@ def kernel_shares_kv_heads(q: torch.Tensor, attn_mask: torch.Tensor | None) -> b
     too), while the memory-efficient kernel needs as many key/value heads as query heads in
     PyTorch 2.13 (``can_use_cudnn_attention`` and ``can_use_flash_attention`` in PyTorch's
     ``sdp_utils.cpp``; later versions add shared heads to it, pytorch#191085). By default
-    the dispatcher tries cuDNN before its math backend only on Hopper and Blackwell GPUs. This function answers ``True`` only where FlashAttention applies
-    (no mask tensor, heads of at most 256): which of the other kernels runs depends on
-    PyTorch's order of backends, so there the keys and values are repeated rather than
-    risk the math backend.
+    the dispatcher tries cuDNN before its math backend only on Hopper and Blackwell GPUs.
+    This function answers ``True`` only where FlashAttention applies (no mask tensor, heads
+    of at most 256): which of the other kernels runs depends on PyTorch's order of
+    backends, so there the keys and values are repeated rather than risk the math backend.
     """
     if q.device.type == "cpu":
         return True
