@@ -214,7 +214,7 @@ def _colab_opens_reader_copy(app: Sphinx, pagename, templatename, context, doctr
 
 def _copy_live_files(app: Sphinx, exception) -> None:
     """The live panel's weights, written by chapter 6 into ``chapters/live/``, served from
-    ``_static/live/`` (``mhbook.explorers.live``)."""
+    ``_static/live/`` (``mhbook.viz.explorers.live``)."""
     source = ROOT / "chapters" / "live"
     if exception is None and app.builder.format == "html" and source.is_dir():
         shutil.copytree(source, Path(app.outdir) / "_static" / "live", dirs_exist_ok=True)
@@ -278,7 +278,7 @@ def _resolve_reexports(app: Sphinx, env, node, contnode):
     """Resolve ``mhbook.MultiHeadAttention`` (and a bare ``AddNorm``, ``Transformer.x``).
 
     The docstrings use the names the chapters use, re-exported by ``mhbook/__init__.py``;
-    the reference documents each object once, in its module (``mhbook.multihead...``).
+    the reference documents each object once, in its module (``mhbook.attention.multihead...``).
     """
     if node.get("refdomain") != "py":
         return None

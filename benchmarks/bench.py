@@ -56,9 +56,9 @@ from mhbook import (
     peak_memory_bytes,
     scaled_dot_product_attention,
     sequence_loss,
-    train,
     translation_loss,
 )
+from mhbook.training import train
 
 __all__ = [
     "interleaved_median_times",
@@ -318,7 +318,7 @@ D2L_CONFIG = Config(
 def random_translation_batch(
     batch: int, length: int, vocab_size: int, device: torch.device, generator: torch.Generator
 ) -> Batch:
-    """Random sentence pairs padded to ``length`` tokens, as a :class:`~mhbook.data.Batch`.
+    """Random sentence pairs padded to ``length`` tokens, as a :class:`~mhbook.tasks.numbers.Batch`.
 
     Ids: 0 ``<pad>``, 1 ``<bos>``, 2 and up words. Source and target lengths are drawn
     between ``length // 2`` and ``length``; positions beyond them hold ``<pad>``.

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhbook import ModelConfig, sinusoidal_encoding
-from mhbook.layers import _dropout  # the book's own dropout
+from mhbook.models.layers import _dropout  # the book's own dropout
 
 __all__ = ["FlatTransformer", "TorchTransformer"]
 

@@ -30,9 +30,9 @@ import time
 import torch
 
 from mhbook import DecoderOnlyLM, set_seed
-from mhbook.shakespeare import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_data
-from mhbook.text import lm_loss, ngram_losses
-from mhbook.train import _train_step, fit, make_optimizer, make_scheduler, valid_loss
+from mhbook.tasks.shakespeare import lm_loss, ngram_losses
+from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_data
+from mhbook.training.train import _train_step, fit, make_optimizer, make_scheduler, valid_loss
 
 #: A plain GPT of the same size: what the modern block replaces.
 GPT_MODEL = SHAKESPEARE_MODEL.replace(

@@ -86,7 +86,7 @@ def pytest_collection_modifyitems(items) -> None:
 
 
 def pytest_configure(config):
-    """Chapter 6 writes the live translator's weights (mhbook.explorers.live.export_translator);
+    """Chapter 6 writes the live translator's weights (mhbook.viz.explorers.live.export_translator);
     under nbval they go to a folder of their own, never over the committed file."""
     os.environ.setdefault("MHBOOK_LIVE_DIR", tempfile.mkdtemp(prefix="mhbook-live-"))
 

@@ -315,7 +315,7 @@ def test_attend_guards_only_masks_with_an_empty_row_on_the_cpu(monkeypatch, lens
         seen.append(attn_mask)
         return sdpa(*args, attn_mask=attn_mask, **kwargs)
 
-    monkeypatch.setattr(mhbook.attention.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(mhbook.attention.sdpa.F, "scaled_dot_product_attention", spy)
     q, k, v = _heads(4, 4, 3, 5, torch.float32)
     mask = mhbook.padding_mask(torch.tensor(lens), 5)
     output, _ = mhbook.attend(q, k, v, mask)
@@ -340,8 +340,8 @@ def test_attend_expands_shared_heads_where_no_kernel_takes_them(monkeypatch, mas
         seen.append((k.size(1), v.size(1), kwargs.get("enable_gqa", False)))
         return sdpa(q, k, v, **kwargs)
 
-    monkeypatch.setattr(mhbook.attention.F, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(mhbook.attention, "kernel_shares_kv_heads", lambda q, attn_mask: False)
+    monkeypatch.setattr(mhbook.attention.sdpa.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(mhbook.attention.sdpa, "kernel_shares_kv_heads", lambda q, attn_mask: False)
     expanded, _ = mhbook.attend(q, k, v, mask)
     assert seen == ([(4, 4, False)] if num_queries > 1 else [(2, 2, True)])
     torch.testing.assert_close(expanded, shared)
@@ -349,6 +349,6 @@ def test_attend_expands_shared_heads_where_no_kernel_takes_them(monkeypatch, mas
 
 def test_only_the_cpu_kernel_is_known_to_share_heads_in_every_case():
     q = torch.zeros(1, 4, 3, 8)
-    assert mhbook.attention.kernel_shares_kv_heads(q, None)
-    assert mhbook.attention.kernel_shares_kv_heads(q, torch.ones(3, 3, dtype=torch.bool))
-    assert not mhbook.attention.kernel_shares_kv_heads(q.to("meta"), None)
+    assert mhbook.attention.sdpa.kernel_shares_kv_heads(q, None)
+    assert mhbook.attention.sdpa.kernel_shares_kv_heads(q, torch.ones(3, 3, dtype=torch.bool))
+    assert not mhbook.attention.sdpa.kernel_shares_kv_heads(q.to("meta"), None)

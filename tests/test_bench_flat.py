@@ -12,7 +12,7 @@ import torch
 import mhbook
 from benchmarks.bench import D2L_CONFIG, random_translation_batch
 from benchmarks.bench_flat import FlatTransformer, TorchTransformer
-from mhbook import train
+from mhbook.training import train
 
 CONFIG = D2L_CONFIG.model  # d_model 32, 4 heads, 2 + 2 layers, d_ff 64, dropout 0.1
 

@@ -1,10 +1,16 @@
-"""The hand-written BLEU of mhbook.bleu against sacrebleu on the same tokens."""
+"""The hand-written BLEU of mhbook.tasks.bleu against sacrebleu on the same tokens."""
 
 import random
 
 import pytest
 
-from mhbook.bleu import bleu_details, brevity_penalty, corpus_bleu, ngram_counts, sentence_bleu
+from mhbook.tasks.bleu import (
+    bleu_details,
+    brevity_penalty,
+    corpus_bleu,
+    ngram_counts,
+    sentence_bleu,
+)
 
 sacrebleu = pytest.importorskip("sacrebleu")
 

@@ -7,7 +7,7 @@ chapter (and a "Practice in Colab" button and a download that give its practice 
 request leaving 127.0.0.1, no JavaScript error, and no serious or critical accessibility
 violation found by axe-core (the copy that the pinned ``axe-playwright-python`` ships). The
 explorers of chapters 1, 2, 3 and 5 are moved with the keyboard and must redraw, with the
-numbers of their Python references in ``mhbook.explorers``.
+numbers of their Python references in ``mhbook.viz.explorers``.
 
 Chromium is Debian's (``apt-get install chromium``); Playwright only drives it, nothing is
 downloaded. Without Chromium the browser checks are skipped, unless ``CI`` is set: then they
@@ -410,7 +410,7 @@ def test_page(page, visit):
 
 # ---- explorers ch1/2/3/5
 # Each explorer of chapters 1, 2, 3 and 5 is driven with the keyboard (or by filling a field),
-# must redraw, and must show the numbers of its Python reference in mhbook.explorers.
+# must redraw, and must show the numbers of its Python reference in mhbook.viz.explorers.
 
 
 def _chapter_explorer(visit, prefix: str, kind: str):
@@ -452,7 +452,7 @@ READ_ATTENTION_EXPLORER = """
 
 
 def _attention_agrees_with_python(state: dict, X: np.ndarray) -> None:
-    from mhbook.explorers import explorer_attention
+    from mhbook.viz.explorers import explorer_attention
 
     out, weights = explorer_attention(
         X, np.array(state["q"]), np.array(state["k"]), np.array(state["v"])
@@ -497,7 +497,7 @@ def test_attention_explorer_moves(visit):
 
 
 # ---- viewer ch6
-# Chapter 6's attention viewer (mhbook/explorers/viewer.py): typed into, switched and ablated
+# Chapter 6's attention viewer (mhbook/viz/explorers/viewer.py): typed into, switched and ablated
 # with the keyboard; every map it draws must hold the payload's weights and tokens.
 
 READ_VIEWER = """
@@ -529,7 +529,7 @@ READ_VIEWER = """
 def _viewer_maps_agree(state: dict, payload: dict) -> None:
     """Every map drawn holds the payload's weights (data-weights, rounded to 4 decimals) and
     its tokens on both axes."""
-    from mhbook.explorers import viewer
+    from mhbook.viz.explorers import viewer
 
     decoded = viewer.payload_weights(payload)
     text = viewer.payload_text(payload)
@@ -547,7 +547,7 @@ def _viewer_maps_agree(state: dict, payload: dict) -> None:
 def test_attention_viewer_ch6(visit):
     """Chapter 6's viewer: type a test number, change layer, head and kind, remove a head, all
     with the keyboard; the picture and the text follow, with the payload's weights."""
-    from mhbook.explorers import viewer
+    from mhbook.viz.explorers import viewer
 
     chapter6 = [p for p in PAGES if Path(p.file).name.startswith("06")]
     assert chapter6, "no chapter 06 in _toc.yml"
@@ -631,8 +631,8 @@ def test_attention_viewer_ch6(visit):
 
 def test_softmax_explorer_moves(visit):
     """Chapter 2's explorer: raising d_k without scaling saturates the softmax; its weights,
-    Jacobian norms and gradient equal mhbook.explorers.softmax_stats."""
-    from mhbook.explorers import softmax_stats
+    Jacobian norms and gradient equal mhbook.viz.explorers.softmax_stats."""
+    from mhbook.viz.explorers import softmax_stats
 
     tab, root = _chapter_explorer(visit, "02", "softmax")
     data = _explorer_json(root)
@@ -656,7 +656,7 @@ def test_softmax_explorer_moves(visit):
 def test_mask_explorer_moves(visit):
     """Chapter 3's mask builder: Lq > Lk with bottom-right alignment leaves rows without a
     key, whose weights are zeros; mask and weights equal mhbook's."""
-    from mhbook.explorers import explorer_mask, masked_weights
+    from mhbook.viz.explorers import explorer_mask, masked_weights
 
     tab, root = _chapter_explorer(visit, "03", "masks")
     scores = np.array(_explorer_json(root)["scores"])
@@ -681,7 +681,7 @@ def test_mask_explorer_moves(visit):
 def test_positional_explorer_moves(visit):
     """Chapter 5's explorer: the code of the chosen position and the dot products of two
     positions equal mhbook.sinusoidal_encoding's."""
-    from mhbook.explorers.positional import encoding, offset_dots
+    from mhbook.viz.explorers.positional import encoding, offset_dots
 
     tab, root = _chapter_explorer(visit, "05", "positional")
     data = _explorer_json(root)
@@ -854,8 +854,8 @@ def _axe_problems(tab, contrast_by_colour: tuple[str, ...] = CONTRAST_BY_COLOUR)
 
 
 # ---- the live translator (chapter 6)
-# The JavaScript forward of mhbook/explorers/static/live.js against PyTorch's forward of the same
-# float16 weights (mhbook.explorers.live.shipped_model), driven from the keyboard.
+# The JavaScript forward of mhbook/viz/explorers/static/live.js against PyTorch's forward of the same
+# float16 weights (mhbook.viz.explorers.live.shipped_model), driven from the keyboard.
 
 LIVE_BATCH = """
 async (numbers) => {
@@ -899,9 +899,10 @@ def test_no_page_is_over_5_mb(build):
 def test_live_translator(visit, build):
     import torch
 
-    from mhbook.data import english_words
-    from mhbook.explorers import live
-    from mhbook.train import BOOK_CONFIG, make_data
+    from mhbook.core.config import BOOK_CONFIG
+    from mhbook.tasks.numbers import english_words
+    from mhbook.training.train import make_data
+    from mhbook.viz.explorers import live
 
     chapter = [p for p in PAGES if Path(p.file).name.startswith("06")]
     assert chapter, "no chapter 6 in _toc.yml"

@@ -1,4 +1,4 @@
-"""The live language model (mhbook/explorers/live.py: export_lm, live_lm_html) in headless
+"""The live language model (mhbook/viz/explorers/live.py: export_lm, live_lm_html) in headless
 Chromium, on a page of its own (no book build): a small Llama trained for a few steps on Tiny
 Shakespeare, exported as chapter 14 exports its model, served on 127.0.0.1 (the panel fetches its
 weights), and driven from the keyboard. The JavaScript forward (static/live_lm.js) must give
@@ -17,9 +17,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mhbook.analysis import passage_attention
-from mhbook.explorers import live
-from mhbook.shakespeare import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_model
+from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_model
+from mhbook.viz.attention_records import passage_attention
+from mhbook.viz.explorers import live
 
 try:
     from book_server import serve

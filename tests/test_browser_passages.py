@@ -1,4 +1,4 @@
-"""The passage explorer (mhbook/explorers/passages.py) in headless Chromium, on a page of its
+"""The passage explorer (mhbook/viz/explorers/passages.py) in headless Chromium, on a page of its
 own (no book build): driven with the keyboard and the mouse, every token it shades must hold
 Python's weight of that query, in the colour of the book's map, and axe-core must find nothing.
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import mhbook
-from mhbook import analysis
-from mhbook.explorers import passages
-from mhbook.shakespeare import SHAKESPEARE_MODEL
+from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL
+from mhbook.viz import attention_records as analysis
+from mhbook.viz.explorers import passages
 
 try:
     from test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401 (a fixture)

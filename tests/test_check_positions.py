@@ -8,7 +8,7 @@ import torch
 from grading import assert_every_bug_named, assert_passes, assert_rejects_corruptions
 
 from mhbook import check
-from mhbook.rope import interleaved_to_half
+from mhbook.attention.rope import interleaved_to_half
 
 
 def rope_by_hand(x, positions, base=10000.0):

@@ -252,4 +252,4 @@ def test_ffn_none_is_refused_by_hugging_face():
         scale_embeddings=False,
     )  # fmt: skip
     with pytest.raises(ValueError, match="ffn='none' .Llama has a SwiGLU"):
-        mhbook.hf.hf_config(config, 20)
+        mhbook.models.hf.hf_config(config, 20)

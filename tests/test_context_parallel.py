@@ -1,4 +1,5 @@
-"""Context parallelism (``mhbook.context_parallel``): the sequence split across processes.
+"""Context parallelism (``mhbook.distributed.context_parallel``): the sequence split across
+processes.
 
 Ulysses and ring attention, each on 4 gloo processes (so that the ring makes three passes
 and Ulysses' all-to-alls split four ways), must equal the single-process
@@ -11,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mhbook import launch
-from mhbook.context_parallel import (
+from mhbook.distributed import launch
+from mhbook.distributed.context_parallel import (
     check_context_parallel,
     context_parallel_bytes,
     ulysses_attention,

@@ -106,9 +106,11 @@ def test_greedy_decode_with_and_without_cache_on_cuda():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 @pytest.mark.parametrize("api", ["by hand", "dtensor"])
 def test_tensor_parallel_attention_on_two_gpus_with_nccl(api):
-    """Heads split over 2 GPUs (mhbook.parallel) on NCCL: equal to one GPU, forward and
+    """Heads split over 2 GPUs (mhbook.distributed.tensor_parallel) on NCCL: equal to one GPU,
+    forward and
     gradients, in float64."""
-    from mhbook import launch, parallel
+    from mhbook.distributed import launch
+    from mhbook.distributed import tensor_parallel as parallel
 
     for cross in (False, True):
         ranks = launch.run(

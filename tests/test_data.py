@@ -1,9 +1,9 @@
-"""The English-to-French number-words task of mhbook.data."""
+"""The English-to-French number-words task of mhbook.tasks.numbers."""
 
 import pytest
 import torch
 
-from mhbook.data import (
+from mhbook.tasks.numbers import (
     Batch,
     NumberTranslation,
     Vocab,

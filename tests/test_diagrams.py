@@ -1,4 +1,4 @@
-"""Tests of mhbook.diagrams: each draws, with the book's names on it, and no label overlaps."""
+"""Tests of mhbook.viz.diagrams: each draws, with the book's names on it, and no label overlaps."""
 
 import matplotlib
 
@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from mhbook import diagrams  # noqa: E402
+from mhbook.viz import diagrams  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Tests of mhbook.explorers: the HTML each explorer writes (its data, ids, labels, the first
+"""Tests of mhbook.viz.explorers: the HTML each explorer writes (its data, ids, labels, the first
 picture) and, in headless Chromium on a local file, that its JavaScript computes what the
 Python reference computes. (The same explorers in the built book: tests/test_browser.py.)"""
 
@@ -18,8 +18,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from mhbook import explorers  # noqa: E402
-from mhbook.explorers import svg  # noqa: E402
+from mhbook.viz import explorers  # noqa: E402
+from mhbook.viz.explorers import svg  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -440,7 +440,7 @@ def test_mask_explorer_redraws_in_a_browser(open_page):
 
 def test_positional_reference_is_the_library():
     from mhbook import sinusoidal_encoding
-    from mhbook.explorers import positional
+    from mhbook.viz.explorers import positional
 
     P = positional.encoding(20, 8)
     np.testing.assert_array_equal(P, sinusoidal_encoding(20, 8, dtype=torch.float64).numpy())
@@ -452,7 +452,7 @@ def test_positional_reference_is_the_library():
 
 
 def test_positional_explorer_html():
-    from mhbook.explorers import positional
+    from mhbook.viz.explorers import positional
 
     html = explorers.positional_explorer_html(32, 16, t=3, s=7, i=2).data
     assert_self_contained(html)
@@ -468,7 +468,7 @@ def test_positional_explorer_html():
 
 def test_positional_widget_follows_its_controls():
     pytest.importorskip("ipywidgets")
-    from mhbook.explorers import positional
+    from mhbook.viz.explorers import positional
 
     ui = explorers.positional_explorer(32, 16)
     ui.t.value, ui.s.value = 20, 2
@@ -477,7 +477,7 @@ def test_positional_widget_follows_its_controls():
 
 
 def test_positional_explorer_redraws_in_a_browser(open_page):
-    from mhbook.explorers import positional
+    from mhbook.viz.explorers import positional
 
     page = open_page(explorers.positional_explorer_html(64, 32).data)
     uid = page.eval_on_selector(".mhbook-explorer", "e => e.id")
@@ -497,7 +497,7 @@ def test_positional_explorer_redraws_in_a_browser(open_page):
 
 
 def test_twins_without_ipywidgets_name_their_html_version(monkeypatch):
-    from mhbook.explorers.twin import widget_modules
+    from mhbook.viz.explorers.twin import widget_modules
 
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if it were not installed
     with pytest.raises(

@@ -170,7 +170,7 @@ def test_from_hf_names_what_the_book_cannot_express(change, named):
         num_attention_heads=4, **change,
     )  # fmt: skip
     with pytest.raises(ValueError, match=named):
-        mhbook.hf.model_config(config)
+        mhbook.models.hf.model_config(config)
 
 
 def test_mha_from_hf_with_per_row_positions_of_a_left_padded_batch():

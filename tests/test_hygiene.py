@@ -164,56 +164,16 @@ def test_every_chapter_has_a_recorded_duration_for_the_schedule():
 
 
 # -- the layers of the package ----------------------------------------------------------------
-#: The modules of mhbook (dotted names below ``mhbook``; a package by its own name), layer by
-#: layer from the bottom up. A module may import modules of its own layer and of the layers
-#: below it, never of a layer above; and the imports make no cycle. ``mhbook/__init__.py``,
-#: which re-exports everything, is the top and is not listed. A new module goes into the
-#: lowest layer that holds everything it imports.
-LAYERS = [
-    # foundations: argument checks, utilities, configurations, masks, the book's colours,
-    # measuring tools
-    ["checks", "utils", "config", "masks", "colours", "measure"],
-    # attention itself, positions inside attention, the KV cache
-    ["attention", "rope", "alibi", "cache"],
-    # attention layers
-    ["multihead", "mla"],
-    # the other layers of a Transformer, and its blocks
-    ["layers", "blocks"],
-    # models, their generation and their Hugging Face twins
-    ["transformer", "lm", "parallel", "context_parallel", "generate", "hf"],
-    # data (Part V: real text), scores, training (Part V: its shared model), launching, and
-    # what a trained model does (the viewer's data)
-    ["data", "bleu", "lm_data", "text", "train", "shakespeare", "launch", "analysis"],
-    # pictures
-    ["plot", "diagrams"],
-    # the explorers: what they share, the explorers, the package that gathers them
-    ["explorers.svg", "explorers.twin"],
-    [
-        "explorers.attention",
-        "explorers.softmax",
-        "explorers.masks",
-        "explorers.positional",
-        "explorers.viewer",
-        "explorers.live",
-        "explorers.passages",
-    ],
-    ["explorers"],
-    # the checks of the reader's own code: the grader, the checks (which may import any
-    # module below), the package that gathers them and its command line
-    ["check.grader"],
-    [
-        "check.basics",
-        "check.encodings",
-        "check.decoding",
-        "check.sharing",
-        "check.positions",
-        "check.windows",
-        "check.parallel",
-        "check.llama",
-        "check.scaling",
-        "check.circuits",
-    ],
-    ["check", "check.__main__"],
+#: The folders of mhbook, which are its layers, floor by floor from the bottom up. A module
+#: may import modules of its own folder, of the folders on its floor and of the floors below,
+#: never of a floor above; and the imports make no cycle. ``mhbook/__init__.py``, which
+#: gathers every folder's public names, is the top. Every module lives in one of these folders.
+FLOORS = [
+    ["core"],  # argument validation, configs, masks, devices and seeds, measuring
+    ["attention", "tasks"],  # the attention core and layers; the tasks and their data
+    ["models", "distributed"],  # blocks, models, generation, HF; heads across processes
+    ["training", "check"],  # fit and the trained models; the checks of the reader's code
+    ["viz"],  # plots, diagrams, what a trained model does, the explorers
 ]
 
 PACKAGE = ROOT / "mhbook"
@@ -279,8 +239,13 @@ def _import_graph() -> dict[str, dict[str, int]]:
     }
 
 
-def _layer_of() -> dict[str, int]:
-    return {name: i for i, layer in enumerate(LAYERS) for name in layer}
+def _folder(module: str) -> str:
+    """The folder (layer) of a module: ``"attention.multihead"`` -> ``"attention"``."""
+    return module.split(".")[0]
+
+
+def _floor_of() -> dict[str, int]:
+    return {folder: i for i, floor in enumerate(FLOORS) for folder in floor}
 
 
 def _label(module: str) -> str:
@@ -288,27 +253,27 @@ def _label(module: str) -> str:
     return str(path.relative_to(ROOT)) if path else f"mhbook.{module}"
 
 
-def test_every_module_is_in_one_layer():
-    modules = set(_modules())
-    listed = [name for layer in LAYERS for name in layer]
-    twice = sorted({name for name in listed if listed.count(name) > 1})
-    assert not twice, f"LAYERS (tests/test_hygiene.py) names these modules twice: {twice}"
-    unlisted = sorted(modules - set(listed))
-    assert not unlisted, (
-        f"modules in no layer: {[_label(m) for m in unlisted]}: add each to LAYERS in "
-        "tests/test_hygiene.py, in the lowest layer that holds every module it imports"
+def test_every_module_is_in_a_layer_folder():
+    """No module sits loose in mhbook/: each lives in one of the folders of ``FLOORS``, and
+    every folder listed exists."""
+    floor_of = _floor_of()
+    loose = sorted(m for m in _modules() if _folder(m) not in floor_of)
+    assert not loose, (
+        f"modules outside the layer folders: {[_label(m) for m in loose]}: put each into the "
+        "lowest folder of FLOORS (tests/test_hygiene.py) that holds everything it imports"
     )
-    gone = sorted(set(listed) - modules)
-    assert not gone, f"LAYERS in tests/test_hygiene.py names modules that do not exist: {gone}"
+    gone = sorted(f for f in floor_of if not (PACKAGE / f / "__init__.py").is_file())
+    assert not gone, f"FLOORS in tests/test_hygiene.py names folders that do not exist: {gone}"
 
 
 def test_no_module_imports_from_a_higher_layer():
-    """Lower layers know nothing of higher ones (lazy imports inside functions included)."""
-    layer_of, modules = _layer_of(), _modules()
+    """Lower floors know nothing of higher ones (lazy imports inside functions included)."""
+    floor_of, modules = _floor_of(), _modules()
     problems = []
     for module, imports in _import_graph().items():
-        if module not in layer_of:
-            continue  # test_every_module_is_in_one_layer names it
+        if _folder(module) not in floor_of:
+            continue  # test_every_module_is_in_a_layer_folder names it
+        here = floor_of[_folder(module)]
         for target, line in sorted(imports.items()):
             if target == TOP:
                 problems.append(
@@ -317,14 +282,14 @@ def test_no_module_imports_from_a_higher_layer():
                 )
             elif target not in modules:
                 problems.append(f"{_label(module)}: line {line} imports mhbook.{target}, no module")
-            elif layer_of.get(target, -1) > layer_of[module]:
+            elif floor_of.get(_folder(target), -1) > here:
                 problems.append(
-                    f"{_label(module)}: line {line} imports mhbook.{target}, of a higher layer "
-                    f"({layer_of[target]}: {', '.join(LAYERS[layer_of[target]])}) than its own "
-                    f"({layer_of[module]}: {', '.join(LAYERS[layer_of[module]])})"
+                    f"{_label(module)}: line {line} imports mhbook.{target}, on a higher floor "
+                    f"({', '.join(FLOORS[floor_of[_folder(target)]])}) than its own "
+                    f"({', '.join(FLOORS[here])})"
                 )
     assert not problems, (
-        "imports that run from a lower layer up to a higher one (LAYERS in "
+        "imports that run from a lower floor up to a higher one (FLOORS in "
         "tests/test_hygiene.py); move what both need down instead:\n" + "\n".join(problems)
     )
 

@@ -1,5 +1,6 @@
-"""The process launcher, mhbook.launch: its argument checks, the errors it raises for a rank
-that fails, and that no rank outlives :func:`mhbook.launch.run`, whichever way it ends.
+"""The process launcher, mhbook.distributed.launch: its argument checks, the errors it raises for a
+rank
+that fails, and that no rank outlives :func:`mhbook.distributed.launch.run`, whichever way it ends.
 
 The ranks run small functions defined here, at the top level, so that ``spawn`` can import
 them; each launch is bounded by a timeout and costs a second or two of start-up.
@@ -18,7 +19,8 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing
 
-from mhbook import launch, parallel
+from mhbook.distributed import launch
+from mhbook.distributed import tensor_parallel as parallel
 
 pytestmark = pytest.mark.slow(seconds=40)  # starts processes
 

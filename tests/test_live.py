@@ -1,4 +1,4 @@
-"""The live translator's weights file (``mhbook.explorers.live``), without a browser.
+"""The live translator's weights file (``mhbook.viz.explorers.live``), without a browser.
 
 The browser test (``tests/test_browser.py::test_live_translator``) runs the JavaScript forward
 and compares it with PyTorch; these tests check the file it loads: written by chapter 6's own
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import mhbook
-from mhbook.explorers import live
+from mhbook.viz.explorers import live
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "chapters" / live.LIVE_FILE
@@ -101,7 +101,7 @@ def test_the_committed_panel_is_the_current_code(chapter, call):
     assert shown[0] == now, f"{chapter} shows an older live panel: run the chapter again"
 
 
-# ---- the live language model (chapter 14): mhbook.explorers.live.export_lm and live_lm_html
+# ---- the live language model (chapter 14): mhbook.viz.explorers.live.export_lm and live_lm_html
 
 LM_CHAPTER = ROOT / "chapters" / "14-a-small-llama.ipynb"
 LM_COMMITTED = ROOT / "chapters" / live.LIVE_LM_FILE
@@ -109,8 +109,8 @@ LM_TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\n
 
 
 def _lm(**change):
-    from mhbook.shakespeare import SHAKESPEARE_MODEL
-    from mhbook.text import CharTokenizer
+    from mhbook.tasks.shakespeare import CharTokenizer
+    from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL
 
     chars = CharTokenizer(LM_TEXT)
     config = SHAKESPEARE_MODEL.replace(d_model=32, num_layers=2, d_ff=64, **change)

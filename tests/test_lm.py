@@ -1,5 +1,5 @@
 """mhbook.DecoderOnlyLM, its generation with and without the KV cache, and the
-prompt/completion task (mhbook.lm_data): the loss counts the completion only."""
+prompt/completion task (mhbook.tasks.number_prompts): the loss counts the completion only."""
 
 from __future__ import annotations
 
@@ -273,8 +273,9 @@ def test_sequences_are_prompt_separator_completion(task):
 
 
 def test_splits_and_batches_are_those_of_number_translation(task):
-    """The same split, checks, errors and batch order (shuffled too) as mhbook.data's."""
-    from mhbook import data, lm_data
+    """The same split, checks, errors and batch order (shuffled too) as mhbook.tasks.numbers's."""
+    from mhbook.tasks import number_prompts as lm_data
+    from mhbook.tasks import numbers as data
 
     translation = task.translation
     assert lm_data.SPLITS is data.SPLITS

@@ -127,4 +127,4 @@ def test_bad_input_is_refused_by_name():
         scale_embeddings=False, window=4, global_every=2,
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"global_every=2 \(Llama has one kind of attention"):
-        mhbook.hf.hf_config(config, 20)
+        mhbook.models.hf.hf_config(config, 20)

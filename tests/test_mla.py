@@ -10,7 +10,7 @@ from helpers import CLOSE, EXACT, additive_mask, head_zeroed, seeded
 from torch import nn
 
 import mhbook
-from mhbook.mla import MultiHeadLatentAttention
+from mhbook.attention.mla import MultiHeadLatentAttention
 
 D_MODEL, NUM_HEADS, D_LATENT = 32, 4, 12  # hf_deepseek_attention's (conftest.py)
 

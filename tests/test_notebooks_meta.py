@@ -268,8 +268,8 @@ def test_title_and_exercises(path):
 
 
 def _plot_title_positions() -> dict[str, int]:
-    """mhbook.plot functions taking ``title``: name -> its positional index."""
-    from mhbook import plot
+    """mhbook.viz.plot functions taking ``title``: name -> its positional index."""
+    from mhbook.viz import plot
 
     found = {}
     for name, func in inspect.getmembers(plot, inspect.isfunction):
@@ -342,7 +342,7 @@ def test_every_figure_has_a_title(path):
     """A weak check: the cell that draws a figure calls something that sets a title.
 
     Counted as setting one: ``ax.set_title``, ``fig.suptitle``, ``plt.title``, a ``title=``
-    argument, an ``mhbook.plot`` function given its title positionally, or a function defined
+    argument, an ``mhbook.viz.plot`` function given its title positionally, or a function defined
     earlier in the notebook that does one of these.
     """
     positions = _plot_title_positions()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -37,9 +38,9 @@ def test_import_mhbook_imports_no_plotting_or_widgets():
 
 
 def test_lazy_names_resolve():
-    from mhbook import explorers, plot
+    from mhbook.viz import explorers, plot
 
-    assert mhbook.plot is plot and mhbook.explorers is explorers
+    assert mhbook.viz.plot is plot and mhbook.viz.explorers is explorers
     assert mhbook.plot_heatmap is plot.plot_heatmap
     assert mhbook.attention_explorer_html is explorers.attention_explorer_html
     assert mhbook.attention_explorer is explorers.attention.attention_explorer
@@ -47,7 +48,7 @@ def test_lazy_names_resolve():
         assert getattr(mhbook, name) is not None, name
     assert set(mhbook.__all__) <= set(dir(mhbook))
     with pytest.raises(AttributeError, match="no attribute 'widgets'"):
-        mhbook.widgets  # noqa: B018 (moved to mhbook.explorers)
+        mhbook.widgets  # noqa: B018 (moved to mhbook.viz.explorers)
 
 
 def test_every_package_and_static_file_ships():
@@ -125,3 +126,42 @@ def test_cpu_or_gpu_picks_the_gpu_size_on_cuda_or_when_asked(monkeypatch):
     assert mhbook.cpu_or_gpu(400, 1200, torch.device("cpu")) == 1200
     monkeypatch.setenv("MHBOOK_GPU_SIZES", "0")
     assert mhbook.cpu_or_gpu(400, 1200, torch.device("cpu")) == 400
+
+
+def _defined_and_exported(path: Path) -> tuple[set[str], list[str]]:
+    """The top-level names a module defines (def, class, assignment) and its ``__all__``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    defined, exported = set(), []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        defined.add(name.id)
+            if any(getattr(t, "id", None) == "__all__" for t in targets):
+                exported = [ast.literal_eval(e) for e in node.value.elts]
+    return defined, exported
+
+
+def test_every_public_name_has_one_home():
+    """A module's ``__all__`` lists only what it defines (no re-export kept for an old path),
+    so each public name of ``mhbook`` comes from exactly one module; the folders' packages
+    gather them."""
+    homes: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "mhbook").rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        defined, exported = _defined_and_exported(path)
+        module = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+        borrowed = [name for name in exported if name not in defined]
+        assert not borrowed, f"{module}.__all__ re-exports {borrowed}: export them from their home"
+        if not module.startswith("mhbook.check."):  # check.attention grades attention
+            for name in exported:
+                homes.setdefault(name, []).append(module)
+    public = set(mhbook.__all__)
+    twice = {n: m for n, m in homes.items() if len(m) > 1 and n in public}
+    assert not twice, f"public names with two homes: {twice}"
+    assert len(mhbook.__all__) == len(public)

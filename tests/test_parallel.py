@@ -1,4 +1,5 @@
-"""Tensor-parallel attention (mhbook.parallel); the launcher itself is tested in test_launch.py.
+"""Tensor-parallel attention (mhbook.distributed.tensor_parallel); the launcher itself is tested in
+test_launch.py.
 
 Single-process tests cut a ``MultiHeadAttention`` into the ranks' shares and add up their
 partial outputs, as the all-reduce would. The two-process test starts 2 gloo ranks on the
@@ -13,8 +14,9 @@ import torch
 import torch.distributed as dist
 
 import mhbook
-from mhbook import launch, parallel
-from mhbook.parallel import TensorParallelMultiHeadAttention as TPAttention
+from mhbook.distributed import launch
+from mhbook.distributed import tensor_parallel as parallel
+from mhbook.distributed.tensor_parallel import TensorParallelMultiHeadAttention as TPAttention
 
 pytestmark = pytest.mark.slow(seconds=30)  # starts gloo processes
 

@@ -1,6 +1,7 @@
-"""Tests of the passage explorer: what mhbook.analysis.passage_attention records (the weights
+"""Tests of the passage explorer: what mhbook.viz.attention_records.passage_attention records (the
+weights
 of every layer and head of a decoder-only model, against a hand computation), and what
-mhbook.explorers.passages makes of them: the packed payload the JavaScript reads and the HTML.
+mhbook.viz.explorers.passages makes of them: the packed payload the JavaScript reads and the HTML.
 (In a browser: tests/test_browser_passages.py.)"""
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import mhbook  # noqa: E402
-from mhbook import analysis, explorers  # noqa: E402
-from mhbook.explorers import passages, svg  # noqa: E402
-from mhbook.shakespeare import SHAKESPEARE_MODEL  # noqa: E402
+from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL  # noqa: E402
+from mhbook.viz import attention_records as analysis  # noqa: E402
+from mhbook.viz import explorers
+from mhbook.viz.explorers import passages, svg  # noqa: E402
 
 try:
     from test_explorers import assert_self_contained, explorer_data
@@ -103,7 +105,7 @@ def test_batches_eval_mode_and_inputs(model, ids, weights):
     finally:
         model.eval()
     np.testing.assert_allclose(again, weights, atol=1e-6)
-    assert explorers.passage_attention is analysis.passage_attention
+    assert "passage_attention" not in explorers.__all__  # defined once, in attention_records
 
 
 def test_ragged_passages_are_named(model):

@@ -1,4 +1,5 @@
-"""Tests of mhbook.plot and mhbook.explorers: titles, labels, shapes, and the HTML explorer."""
+"""Tests of mhbook.viz.plot and mhbook.viz.explorers: titles, labels, shapes, and the HTML
+explorer."""
 
 import matplotlib
 
@@ -9,9 +10,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from mhbook import colours, plot  # noqa: E402
-from mhbook.explorers import svg  # noqa: E402
-from mhbook.masks import causal_mask  # noqa: E402
+from mhbook.core.masks import causal_mask  # noqa: E402
+from mhbook.viz import colours, plot  # noqa: E402
+from mhbook.viz.explorers import svg  # noqa: E402
 
 TOKENS = ["the", "cat", "sat", "down"]
 AXES = ["entertainment", "time", "other"]
@@ -217,7 +218,7 @@ def test_text_colour_threshold_is_shared_by_plots():
 
 
 def test_plots_and_explorers_share_one_set_of_colours():
-    """mhbook.colours holds them; the explorers re-export them, the plots use them."""
+    """mhbook.viz.colours holds them; the explorers re-export them, the plots use them."""
     assert (svg.COLOURMAP, svg.DARK_ABOVE, svg.text_colour) == (
         colours.COLOURMAP,
         colours.DARK_ABOVE,

@@ -7,7 +7,7 @@ import torch
 from helpers import CLOSE, EXACT, seeded
 
 import mhbook
-from mhbook.rope import interleaved_to_half, rope_angles
+from mhbook.attention.rope import interleaved_to_half, rope_angles
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig  # noqa: E402
@@ -211,7 +211,7 @@ def test_the_default_base_is_llamas_10000():
     config = LlamaConfig(hidden_size=64, num_attention_heads=4)  # head_dim 16, default theta
     x = torch.zeros(1, 7, 64)
     cos, sin = LlamaRotaryEmbedding(config)(x, torch.arange(7)[None])
-    angles = mhbook.rope.rope_angles(torch.arange(7), 16)
+    angles = mhbook.attention.rope.rope_angles(torch.arange(7), 16)
     torch.testing.assert_close(cos[0], torch.cat([angles.cos()] * 2, dim=-1), rtol=0, atol=0)
     torch.testing.assert_close(sin[0], torch.cat([angles.sin()] * 2, dim=-1), rtol=0, atol=0)
     layer = mhbook.make_attention(mhbook.ModelConfig(d_model=64, position="rope"))

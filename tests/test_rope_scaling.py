@@ -14,7 +14,7 @@ from helpers import CLOSE, seeded
 
 import mhbook
 from mhbook import Config, DecoderOnlyLM, ModelConfig, RopeScaling, RotaryEmbedding
-from mhbook.rope import ntk_base, rope_angles, rope_frequencies
+from mhbook.attention.rope import ntk_base, rope_angles, rope_frequencies
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -257,4 +257,4 @@ def test_the_config_refuses_scaling_it_does_not_build_by_name(changes, says):
 def test_from_hf_names_the_rope_it_cannot_express(rope, says):
     config = _llama_config(8, {"rope_theta": 10000.0, **rope})
     with pytest.raises(ValueError, match=says):
-        mhbook.hf.model_config(config)
+        mhbook.models.hf.model_config(config)

@@ -1,4 +1,5 @@
-"""Part V's shared model (mhbook.shakespeare): trained once under a lock, loaded again, and
+"""Part V's shared model (mhbook.training.shakespeare_lm): trained once under a lock, loaded again,
+and
 exported as a Hugging Face checkpoint that ``transformers.pipeline`` runs to the same text
 and the same perplexity as mhbook."""
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mhbook import DecoderOnlyLM, set_seed
-from mhbook.shakespeare import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_model
+from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_model
 
 TINY = SHAKESPEARE_MODEL.replace(d_model=32, num_layers=2, d_ff=64)
 FEW_STEPS = SHAKESPEARE_TRAIN.replace(num_steps=30, eval_every=0, batch_size=4)

@@ -252,4 +252,4 @@ def test_hugging_face_has_no_sinks():
         scale_embeddings=False, window=4, sinks=2,
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"sinks=2 \(Llama has no attention sinks: sinks=0\)"):
-        mhbook.hf.hf_config(config, 20)
+        mhbook.models.hf.hf_config(config, 20)

@@ -1,4 +1,4 @@
-"""Part V's corpus, tokenizers, batches and baselines (mhbook.text), checked against
+"""Part V's corpus, tokenizers, batches and baselines (mhbook.tasks.shakespeare), checked against
 Hugging Face ``tokenizers``/``transformers`` and hand counts."""
 
 import hashlib
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhbook.text import (
+from mhbook.tasks.shakespeare import (
     SHAKESPEARE_SHA256,
     CharTokenizer,
     TextData,

@@ -1,4 +1,4 @@
-"""Training, evaluation, checkpoints and the book's model (mhbook.train), on the CPU.
+"""Training, evaluation, checkpoints and the book's model (mhbook.training.train), on the CPU.
 
 One test trains long enough to check accuracy (:data:`SHORT_CONFIG`, a few seconds);
 the plumbing tests train :data:`TINY_CONFIG` for a dozen steps.
@@ -14,13 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import mhbook.train as train_module
-from mhbook.bleu import corpus_bleu, exact_match, translation_scores
-from mhbook.config import TrainConfig
-from mhbook.data import NumberTranslation, english_words, french_words, tokenize
-from mhbook.train import (
-    BOOK_CONFIG,
-    FAST_CONFIG,
+import mhbook.training.train as train_module
+from mhbook.core.config import BOOK_CONFIG, FAST_CONFIG, TrainConfig
+from mhbook.core.utils import save_checkpoint, set_seed
+from mhbook.tasks.bleu import corpus_bleu, exact_match, translation_scores
+from mhbook.tasks.numbers import NumberTranslation, english_words, french_words, tokenize
+from mhbook.training.train import (
     TrainingLog,
     book_model,
     cpu_threads,
@@ -36,7 +35,6 @@ from mhbook.train import (
     translation_loss,
     valid_loss,
 )
-from mhbook.utils import save_checkpoint, set_seed
 
 HISTORY_KEYS = {"step", "loss", "lr", "tokens_per_s", "valid_step", "valid_loss", "time_s"}
 

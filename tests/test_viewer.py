@@ -1,5 +1,5 @@
-"""Tests of the attention viewer of chapters 6 and 7: what mhbook.analysis records (the
-model's side), and what mhbook.explorers.viewer makes of it: the packed payload the JavaScript
+"""Tests of the attention viewer of chapters 6 and 7: what mhbook.viz.attention_records records (the
+model's side), and what mhbook.viz.explorers.viewer makes of it: the packed payload the JavaScript
 reads, the HTML, and the ipywidgets twin.
 
 A small untrained model stands in for the book's: the viewer must record what the model does,
@@ -18,10 +18,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import mhbook  # noqa: E402
-from mhbook import analysis  # noqa: E402
-from mhbook.data import NumberTranslation, detokenize, tokenize  # noqa: E402
-from mhbook.explorers import svg, viewer  # noqa: E402
-from mhbook.train import valid_loss  # noqa: E402
+from mhbook.tasks.numbers import NumberTranslation, detokenize, tokenize  # noqa: E402
+from mhbook.training.train import valid_loss  # noqa: E402
+from mhbook.viz import attention_records as analysis  # noqa: E402
+from mhbook.viz.explorers import svg, viewer  # noqa: E402
 
 NUM_TEST = 24
 THREADS_BEFORE = torch.get_num_threads()
@@ -140,13 +140,13 @@ def test_refuses_a_model_with_heads_removed(model_and_data):
 
 
 def test_the_viewer_only_draws_what_analysis_records():
-    """The recording is model work (mhbook.analysis); the viewer and mhbook.explorers keep its
-    names, as chapters 6 and 7 import them from there."""
-    from mhbook import explorers
+    """The recording is model work, in mhbook.viz.attention_records, its one home: the viewer
+    draws it and exports none of its names."""
+    from mhbook.viz import explorers
 
     for name in ("KINDS", "layer_name", "ViewerData", "viewer_data"):
-        assert getattr(viewer, name) is getattr(analysis, name), name
-    assert explorers.viewer_data is analysis.viewer_data
+        assert name in analysis.__all__
+        assert name not in viewer.__all__ and name not in explorers.__all__, name
 
 
 def test_payload_decodes_to_the_recorded_weights(view, payload):

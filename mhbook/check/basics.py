@@ -600,7 +600,7 @@ def padding_mask(impl):
 
 def _padding_mask_expected(valid_lens, num_keys):
     """``mhbook.padding_mask``."""
-    from ..masks import padding_mask as book_padding_mask
+    from ..core.masks import padding_mask as book_padding_mask
 
     return book_padding_mask(valid_lens, num_keys)
 
@@ -623,7 +623,7 @@ def _causal_mask_cases() -> list[Case]:
 
 
 def _causal_mask_expected(case: Case) -> torch.Tensor:
-    from ..masks import causal_mask as book_causal_mask
+    from ..core.masks import causal_mask as book_causal_mask
 
     return book_causal_mask(*case.args)
 
@@ -885,7 +885,7 @@ PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
 def _heads_module(d_model: int, num_heads: int, seed: int, dtype=torch.float32):
     """An ``mhbook.MultiHeadAttention`` with seeded weights and biases (the reader's global
     random state is left alone)."""
-    from ..multihead import MultiHeadAttention
+    from ..attention.multihead import MultiHeadAttention
 
     with torch.random.fork_rng(devices=[]):
         m = MultiHeadAttention(d_model, num_heads).to(dtype).eval()

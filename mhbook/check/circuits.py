@@ -2,7 +2,7 @@
 written by hand.
 
 The reader's function gets the weights as a NumPy array ``(P, ..., T, T)``, as
-``mhbook.analysis.passage_attention`` returns them (passages first, then any head
+``mhbook.viz.attention_records.passage_attention`` returns them (passages first, then any head
 dimensions such as layers and heads, then queries and keys), and may return a NumPy array,
 a tensor or a float: the check reads it with ``numpy.asarray``. ``mhbook`` has no function
 for these scores, so the expected values come from a second implementation written another

@@ -31,7 +31,7 @@ def _sinusoidal_cases() -> list[Case]:
 
 def _sinusoidal_expected(case: Case) -> torch.Tensor:
     """mhbook's table, computed in float64 and returned in float32 (its default)."""
-    from ..layers import sinusoidal_encoding
+    from ..models.layers import sinusoidal_encoding
 
     return sinusoidal_encoding(*case.args, **case.kwargs)
 

@@ -1,6 +1,7 @@
 """Check of chapter 13: one rank's share of a tensor-parallel attention layer.
 
-The reference is ``mhbook.parallel.TensorParallelMultiHeadAttention.partial_forward``
+The reference is
+``mhbook.distributed.tensor_parallel.TensorParallelMultiHeadAttention.partial_forward``
 (tested against the single-process layer on real process groups).
 """
 
@@ -10,8 +11,8 @@ import math
 
 import torch
 
-from ..multihead import MultiHeadAttention
-from ..parallel import TensorParallelMultiHeadAttention
+from ..attention.multihead import MultiHeadAttention
+from ..distributed.tensor_parallel import TensorParallelMultiHeadAttention
 from .basics import seeded
 from .grader import Bug, Case, define
 
@@ -189,5 +190,5 @@ def tensor_parallel(impl):
     ``W_k``, ``W_v`` (columns, with their biases) and of ``W_o`` (rows), without ``W_o``'s
     bias, so that the sum over the ranks plus ``b_o`` is the layer's output. ``mask`` is
     optional: bool ``(L, L)``, ``True`` = may attend. Compared with
-    ``mhbook.parallel.TensorParallelMultiHeadAttention.partial_forward``.
+    ``mhbook.distributed.tensor_parallel.TensorParallelMultiHeadAttention.partial_forward``.
     """

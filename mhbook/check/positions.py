@@ -12,9 +12,9 @@ import math
 
 import torch
 
-from ..alibi import ALiBi
-from ..alibi import alibi_slopes as book_alibi_slopes
-from ..rope import RotaryEmbedding
+from ..attention.alibi import ALiBi
+from ..attention.alibi import alibi_slopes as book_alibi_slopes
+from ..attention.rope import RotaryEmbedding
 from .basics import seeded
 from .grader import Bug, Case, define
 

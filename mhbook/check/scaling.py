@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from ..rope import ntk_base
+from ..attention.rope import ntk_base
 from .grader import Bug, Case, define
 
 __all__ = ["pi_frequencies", "ntk_frequencies", "yarn_frequencies"]

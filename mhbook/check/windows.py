@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import LayerCache
+from ..attention.cache import LayerCache
 from .basics import seeded
 from .grader import Bug, Case, define
 

@@ -1,0 +1,252 @@
+"""The number task as prompt and completion, for a decoder-only language model.
+
+Chapter 6's encoder-decoder reads an English sentence and writes a French one with two
+vocabularies. A decoder-only model reads one sequence in one vocabulary, the English
+*prompt* then ``=`` then the French *completion*::
+
+    seventy - one = soixante et onze <eos>
+    `--- prompt --'  `----- completion -----'
+
+It is trained to predict every next token, but the loss counts only the predictions of
+the completion (:func:`completion_loss`): the prompt is given, never to be learnt. It is
+scored by generating the completion greedily after each test prompt
+(:func:`evaluate_lm`, exact match).
+
+The numbers and the train/valid/test split are those of
+:class:`~mhbook.tasks.numbers.NumberTranslation`: the same task, as one sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .bleu import translation_scores
+from .numbers import (
+    SPLITS,
+    NumberTranslation,
+    Vocab,
+    _batch_indices,
+    _check_batches,
+    detokenize,
+    english_words,
+    tokenize,
+)
+
+__all__ = ["SEPARATOR", "LMBatch", "PromptCompletion", "completion_loss", "evaluate_lm"]
+
+#: The token between the prompt and the completion.
+SEPARATOR = "="
+
+
+class LMBatch(NamedTuple):
+    """Padded prompt + completion sequences.
+
+    Attributes:
+        tokens: ``(batch, L)`` ids: prompt (English then ``=``), completion (French then
+            ``<eos>``), then ``<pad>``.
+        prompt_lens: ``(batch,)`` prompt lengths, ``=`` included.
+        valid_lens: ``(batch,)`` prompt plus completion lengths, ``<eos>`` included.
+    """
+
+    tokens: torch.Tensor
+    prompt_lens: torch.Tensor
+    valid_lens: torch.Tensor
+
+    def to(self, device) -> LMBatch:
+        """The same batch with every tensor on ``device``."""
+        return LMBatch(*(t.to(device) for t in self))
+
+
+class PromptCompletion:
+    """English-to-French number words as ``english = french <eos>`` sequences.
+
+    Args:
+        data: the :class:`~mhbook.tasks.numbers.NumberTranslation` whose numbers and splits to
+            use; default: a new one made with ``kwargs``.
+        kwargs: passed to :class:`~mhbook.tasks.numbers.NumberTranslation` (``max_number``,
+            ``num_train``, ...).
+
+    Attributes:
+        translation: the underlying :class:`~mhbook.tasks.numbers.NumberTranslation`.
+        vocab: one :class:`~mhbook.tasks.numbers.Vocab` for both languages and ``=``, built from
+            the training sequences.
+        separator_id: the id of ``=``.
+    """
+
+    def __init__(self, data: NumberTranslation | None = None, **kwargs):
+        if data is None:
+            data = NumberTranslation(**kwargs)
+        elif kwargs:
+            raise TypeError(f"give data or NumberTranslation's arguments, not both: {kwargs}")
+        if not isinstance(data, NumberTranslation):
+            raise TypeError(f"data must be a NumberTranslation, got {type(data).__name__}")
+        self.translation = data
+        train = data.pairs("train")
+        self.vocab = Vocab(t for en, fr in train for t in (*tokenize(en), SEPARATOR, *tokenize(fr)))
+        self.separator_id = self.vocab.token_to_id[SEPARATOR]
+        self._tensors: dict[str, tuple[torch.Tensor, ...]] = {}
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={len(self.translation.numbers[s])}" for s in SPLITS)
+        return f"PromptCompletion({sizes}, vocab={len(self.vocab)})"
+
+    # -- text <-> ids ------------------------------------------------------------------
+    def encode_prompt(self, english: str | int) -> list[int]:
+        """English words (or an int) -> the prompt's ids, ``=`` included."""
+        text = english_words(english) if isinstance(english, int) else english
+        return self.vocab.encode(tokenize(text)) + [self.separator_id]
+
+    def encode_completion(self, french: str) -> list[int]:
+        """French words -> the completion's ids, ``<eos>`` included."""
+        return self.vocab.encode(tokenize(french)) + [self.vocab.eos_id]
+
+    def decode_completion(self, ids: torch.Tensor | Sequence[int]) -> str:
+        """Generated ids -> French words, cut at the first ``<eos>``."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        if self.vocab.eos_id in ids:
+            ids = ids[: ids.index(self.vocab.eos_id)]
+        return detokenize(self.vocab.decode(ids, skip_specials=True))
+
+    def pairs(self, split: str = "train") -> list[tuple[str, str]]:
+        """The ``(english, french)`` pairs of ``split``."""
+        return self.translation.pairs(split)
+
+    def max_completion_len(self) -> int:
+        """The longest completion in tokens, ``<eos>`` included, over all splits."""
+        return self.translation.max_target_len()
+
+    # -- batches (the batch protocol of mhbook.fit) ---------------------------------------
+    def _split_tensors(self, split: str) -> tuple[torch.Tensor, ...]:
+        if split not in self._tensors:
+            pairs = self.pairs(split)
+            prompts = [self.encode_prompt(en) for en, _ in pairs]
+            sequences = [p + self.encode_completion(fr) for p, (_, fr) in zip(prompts, pairs)]
+            lens = torch.tensor([len(s) for s in sequences], dtype=torch.long)
+            tokens = torch.full((len(sequences), int(lens.max())), self.vocab.pad_id)
+            for i, s in enumerate(sequences):
+                tokens[i, : len(s)] = torch.tensor(s)
+            prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+            self._tensors[split] = (tokens, prompt_lens, lens)
+        return self._tensors[split]
+
+    def batches(
+        self,
+        split: str = "train",
+        batch_size: int = 64,
+        shuffle: bool | None = None,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+        drop_last: bool = False,
+    ) -> Iterator[LMBatch]:
+        """One pass over ``split`` in mini-batches, each padded to its longest sequence.
+
+        Arguments as for :meth:`mhbook.tasks.numbers.NumberTranslation.batches`.
+
+        Yields:
+            :class:`LMBatch`.
+        """
+        split, shuffle = _check_batches(split, batch_size, shuffle)
+        tokens, prompt_lens, lens = self._split_tensors(split)
+        for idx in _batch_indices(tokens.size(0), batch_size, shuffle, generator, drop_last):
+            batch = LMBatch(tokens[idx, : int(lens[idx].max())], prompt_lens[idx], lens[idx])
+            yield batch if device is None else batch.to(device)
+
+    # -- generation ----------------------------------------------------------------------
+    @torch.no_grad()
+    def complete(
+        self,
+        model: nn.Module,
+        english: Sequence[str | int],
+        *,
+        max_new_tokens: int | None = None,
+        device: torch.device | str | None = None,
+        **sampling,
+    ) -> list[str]:
+        """Generate the French completion of each English prompt with ``model.generate``.
+
+        Prompts of one length are generated together (no padding in the prompts); the
+        answers come back in the order of ``english``.
+
+        Args:
+            model: a :class:`mhbook.DecoderOnlyLM` trained on this data.
+            english: English number words or ints.
+            max_new_tokens: default: the longest completion plus 5.
+            device: default: the device of the model's parameters.
+            sampling: ``temperature``, ``top_k``, ``generator`` for ``model.generate``
+                (default: greedy).
+        """
+        if isinstance(english, (str, int)):
+            raise TypeError("english must be a list of str (or int), not a single one")
+        if device is None:
+            device = next(model.parameters()).device
+        if max_new_tokens is None:
+            max_new_tokens = self.max_completion_len() + 5
+        prompts = [self.encode_prompt(e) for e in english]
+        by_length: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            by_length.setdefault(len(p), []).append(i)
+        answers = [""] * len(prompts)
+        for length in sorted(by_length):
+            rows = by_length[length]
+            prompt = torch.tensor([prompts[i] for i in rows], device=device)
+            new = model.generate(prompt, max_new_tokens, eos_id=self.vocab.eos_id, **sampling)
+            for i, ids in zip(rows, new):
+                answers[i] = self.decode_completion(ids)
+        return answers
+
+
+def completion_loss(model: nn.Module, batch: LMBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of the next-token predictions of the completion only.
+
+    The model reads ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]`` (teacher forcing).
+    The prediction at position ``t`` is of token ``t + 1``; it counts when that token is
+    in the completion: ``prompt_len <= t + 1 < valid_len``. The predictions of the
+    prompt's own tokens (and of the padding) are left out: the prompt is given.
+
+    Usable as ``mhbook.fit(model, data, loss_fn=completion_loss)``.
+
+    Returns:
+        ``(loss, n_tokens)``: the mean over the completion tokens, and their number.
+    """
+    inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]
+    # Padding comes after each sequence, so the causal mask keeps it out of view already.
+    logits = model(inputs)  # (batch, L - 1, vocab)
+    position = torch.arange(1, batch.tokens.size(1), device=targets.device)  # of the target
+    counted = (position >= batch.prompt_lens[:, None]) & (position < batch.valid_lens[:, None])
+    losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (batch, L-1)
+    n_tokens = counted.sum()
+    return (losses * counted).sum() / n_tokens.clamp(min=1), n_tokens
+
+
+@torch.no_grad()
+def evaluate_lm(
+    model: nn.Module,
+    data: PromptCompletion,
+    split: str = "test",
+    *,
+    max_new_tokens: int | None = None,
+    device: torch.device | str | None = None,
+) -> dict:
+    """Complete every prompt of ``split`` greedily (KV cache on) and score it.
+
+    Returns:
+        A dict with ``exact_match`` (the fraction of completions exactly right, 0 to 1),
+        ``bleu`` (corpus BLEU, 0 to 100), both from :func:`mhbook.tasks.bleu.translation_scores`,
+        and the lists ``sources``, ``hypotheses`` and ``references`` (strings in the
+        split's order), as :func:`mhbook.evaluate`.
+    """
+    pairs = data.pairs(split)  # NumberTranslation.pairs checks the split
+    sources = [en for en, _ in pairs]
+    references = [fr for _, fr in pairs]
+    hypotheses = data.complete(model, sources, max_new_tokens=max_new_tokens, device=device)
+    return {
+        **translation_scores(hypotheses, references),
+        "sources": sources,
+        "hypotheses": hypotheses,
+        "references": references,
+    }

@@ -1,0 +1,140 @@
+"""Part V's language model: a small Llama trained on Tiny Shakespeare, shared by its chapters.
+
+The model is nanoGPT's ``shakespeare_char`` quick-start in the modern block: characters,
+4 layers, 4 heads, ``d_model`` 128, a context of 64, no dropout; RMSNorm before each
+sublayer, a SwiGLU feed-forward network, RoPE inside attention, grouped-query attention
+(two key/value heads for four query heads) and no biases: a
+``transformers.LlamaForCausalLM`` in all but name (:meth:`mhbook.DecoderOnlyLM.to_hf`).
+
+:func:`shakespeare_model` trains it once and keeps it in a checkpoint that the three
+chapters of Part V share, under a lock (as :func:`mhbook.book_model` does for Part II):
+chapter 14 trains it and shows the training, chapters 15 and 16 load it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+
+from ..core.config import ModelConfig, TrainConfig
+from ..core.utils import cpu_or_gpu, get_device, save_checkpoint, set_seed
+from ..models.lm import DecoderOnlyLM
+from ..tasks.shakespeare import CharTokenizer, TextData, lm_loss, load_shakespeare, split_text
+from .train import _exclusive, _read_checkpoint, fit
+
+__all__ = [
+    "SHAKESPEARE_MODEL",
+    "SHAKESPEARE_TRAIN",
+    "SHAKESPEARE_GPU_TRAIN",
+    "SHAKESPEARE_CONTEXT",
+    "shakespeare_data",
+    "shakespeare_model",
+]
+
+#: The context the model is trained at (nanoGPT's CPU quick-start: 64 characters).
+SHAKESPEARE_CONTEXT = 64
+
+#: The modern block at nanoGPT's quick-start size. ``d_ff`` = 344 is about two thirds of
+#: GPT's ``4 d_model`` = 512: SwiGLU has three matrices where GPT's MLP has two, and this
+#: keeps the feed-forward parameters (and time) the same.
+SHAKESPEARE_MODEL = ModelConfig(
+    d_model=128,
+    num_heads=4,
+    num_kv_heads=2,
+    num_layers=4,
+    d_ff=344,
+    dropout=0.0,
+    norm_first=True,
+    norm="rms",
+    ffn="swiglu",
+    bias=False,
+    position="rope",
+    scale_embeddings=False,
+)
+
+#: nanoGPT's quick-start training, shortened for a chapter on one CPU thread: batches of
+#: 12 windows of 64 characters, AdamW at a peak of 1e-3 after 100 warm-up steps, cosine
+#: decay to 1e-4, gradients clipped at 1. ``benchmarks/shakespeare_char.py`` runs the full
+#: 2,000 steps.
+SHAKESPEARE_TRAIN = TrainConfig(
+    num_steps=1000,
+    batch_size=12,
+    lr=1e-3,
+    warmup_steps=100,
+    min_lr_ratio=0.1,
+    weight_decay=0.1,
+    clip_norm=1.0,
+    eval_every=250,
+    seed=1337,
+    num_threads=1,
+)
+
+#: What a GPU trains in about a minute: 4,000 steps of 32 windows.
+SHAKESPEARE_GPU_TRAIN = SHAKESPEARE_TRAIN.replace(num_steps=4000, batch_size=32, eval_every=500)
+
+_VERSION = 1  # bump when what the same configs train changes
+
+
+def shakespeare_data(context: int = SHAKESPEARE_CONTEXT) -> tuple[TextData, CharTokenizer]:
+    """``(data, tokenizer)``: the corpus split 90/10 and encoded by characters, in windows
+    of ``context`` tokens."""
+    text = load_shakespeare()
+    chars = CharTokenizer(text)
+    train, valid = split_text(text)
+    return TextData(chars.encode(train), chars.encode(valid), context), chars
+
+
+def shakespeare_model(
+    checkpoint: str | os.PathLike | None = "checkpoints/shakespeare-llama.pt",
+    *,
+    config: ModelConfig = SHAKESPEARE_MODEL,
+    train: TrainConfig | None = None,
+    retrain: bool = False,
+    progress: bool = True,
+    device: torch.device | str | None = None,
+) -> tuple[DecoderOnlyLM, TextData, CharTokenizer, dict | None]:
+    """Part V's trained model, loaded from ``checkpoint`` or trained now.
+
+    Trained (from ``set_seed(train.seed)``, on one thread: the same weights on every CPU
+    run) when the checkpoint is missing, was written for other configs, or ``retrain``;
+    then saved there. Decided under the checkpoint's lock, so that two chapters started
+    at once train it once.
+
+    Args:
+        train: default :data:`SHAKESPEARE_TRAIN` on a CPU; on a GPU (or with
+            ``MHBOOK_GPU_SIZES=1``, :func:`mhbook.cpu_or_gpu`) the same with 4,000 steps
+            of 32 windows, about 10 times the characters.
+
+    Returns:
+        ``(model, data, tokenizer, history)``: the model in eval mode on ``device``
+        (default :func:`mhbook.get_device`), :func:`shakespeare_data`, and the history of
+        :func:`mhbook.training.train.fit` (``None`` if not recorded).
+    """
+    data, chars = shakespeare_data()
+    device = torch.device(device) if device is not None else get_device()
+    if train is None:
+        train = cpu_or_gpu(SHAKESPEARE_TRAIN, SHAKESPEARE_GPU_TRAIN, device)
+    expected = {
+        "model_config": dataclasses.asdict(config),
+        "train_config": dataclasses.asdict(train),
+        "chars": "".join(chars.chars),
+        "version": _VERSION,
+    }
+    with _exclusive(checkpoint):
+        if checkpoint is not None and Path(checkpoint).exists() and not retrain:
+            stored = _read_checkpoint(checkpoint, say=progress)
+            if stored and all(stored.get(k) == v for k, v in expected.items()):
+                model = DecoderOnlyLM(config, chars.vocab_size)
+                model.load_state_dict(stored["model"])
+                return model.to(device).eval(), data, chars, stored.get("history")
+            if stored and progress:
+                print(f"{checkpoint} was written for other configs: training again.")
+        set_seed(train.seed)
+        model = DecoderOnlyLM(config, chars.vocab_size).to(device)
+        history = fit(model, data, train, loss_fn=lm_loss, device=device, progress=progress)
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, model, history=history, **expected)
+        return model.eval(), data, chars, history

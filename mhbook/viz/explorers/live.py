@@ -1,0 +1,424 @@
+"""The live panels: the book's trained models running in the reader's browser, no kernel.
+
+The explorers of Parts I and II move sliders over hand-set matrices, and the viewer shows the
+trained model's attention on the 1,000 test numbers computed in advance. This panel lets the
+reader give the trained model an input of their own: a number from 0 to 999,999, in digits or
+in English words, translated greedily by a forward pass written in plain JavaScript
+(``static/live.js``), one function per piece named as in ``mhbook``, with the KV cache, step
+by step if the reader wants, and every head's attention drawn.
+
+Chapter 6 calls :func:`export_translator` on the model it trained, which writes the weights
+(float16 on the wire, computed in float32 in the browser) and the vocabularies to a JSON file
+beside the chapter; the book build copies it into the HTML book (``_ext/mhbook_sphinx.py``),
+and the panel fetches it when the reader opens it. :func:`shipped_model` builds the PyTorch
+model of exactly those weights, which the browser test compares with the JavaScript forward
+(``tests/test_browser.py``).
+
+Part V's language model runs live the same way (chapter 14): :func:`export_lm` writes the small
+Llama's weights and its 65 characters (:data:`LIVE_LM_FILE`), :func:`shipped_lm` is the PyTorch
+model of exactly those weights, and :func:`live_lm_html` is the panel, whose plain JavaScript
+forward (``static/live_lm.js``: ``rmsNorm``, ``swiglu``, ``rope``, ``attention`` with grouped-query
+heads and the rolling KV cache of the sliding window, ``decoderOnlyBlock``, ``decoderOnlyLM``)
+continues the reader's prompt, greedily or sampled at a temperature from a seeded generator,
+character by character, with the attention of the last character drawn
+(``tests/test_browser_live_lm.py`` compares it with PyTorch). What both panels share (the
+weights' loading, ``linear``, ``softmax``, the heatmap) is ``static/live_core.js``.
+
+The choice of a plain JavaScript forward over ``onnxruntime-web`` is recorded in CONTRIBUTING.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...core.config import ModelConfig
+from ...models.lm import DecoderOnlyLM
+from ...models.transformer import Transformer
+from ...tasks.numbers import NumberTranslation
+from .passages import GLYPHS
+from .svg import colour_scale, embed
+
+__all__ = [
+    "LIVE_FILE",
+    "LIVE_LM_FILE",
+    "LM_WINDOW",
+    "live_path",
+    "export_translator",
+    "shipped_model",
+    "live_translator_html",
+    "export_lm",
+    "shipped_lm",
+    "live_lm_html",
+]
+
+#: Where chapter 6 writes the weights, relative to the chapter, and where the book serves them.
+LIVE_FILE = "live/translator.json"
+#: Where chapter 14 writes the language model's weights, as :data:`LIVE_FILE`.
+LIVE_LM_FILE = "live/shakespeare.json"
+#: The window the language model samples through unless its config has one: the context
+#: Part V's model is trained at (:data:`mhbook.training.shakespeare_lm.SHAKESPEARE_CONTEXT`).
+LM_WINDOW = 64
+MAX_NUMBER = 999_999
+_CONFIG_FIELDS = ("d_model", "num_heads", "num_layers", "d_ff", "norm_eps", "scale_embeddings")
+
+
+def _check_supported(config: ModelConfig) -> None:
+    """The JavaScript forward implements the book's translator: post-norm LayerNorm, ReLU,
+    biases, sinusoidal positions, multi-head attention. Anything else is refused by name."""
+    wanted = {
+        "norm_first": False,
+        "norm": "layer",
+        "ffn": "relu",
+        "position": "sinusoidal",
+        "num_kv_heads": None,
+        "d_latent": None,
+        "window": None,
+        "head_dim": None,
+        "tie_embeddings": False,
+    }
+    wrong = {f: getattr(config, f) for f, v in wanted.items() if getattr(config, f) != v}
+    if config.num_kv_heads == config.num_heads:
+        wrong.pop("num_kv_heads", None)
+    if config.bias is False:
+        wrong["bias"] = False
+    if wrong:
+        raise ValueError(
+            "the live translator's JavaScript runs the book's Transformer (post-norm LayerNorm, "
+            f"ReLU, biases, sinusoidal positions, multi-head attention); not {wrong}"
+        )
+
+
+def live_path(name: str = LIVE_FILE) -> Path:
+    """Where :func:`export_translator` (and :func:`export_lm`, with ``name`` =
+    :data:`LIVE_LM_FILE`) write by default: ``name`` below the folder ``$MHBOOK_LIVE_DIR``
+    names, else below the current folder (a chapter's). The chapters' nbval run sets
+    ``MHBOOK_LIVE_DIR`` (``chapters/conftest.py``), so that testing chapters 6 and 14 never
+    rewrites the committed files, which are the committed runs'."""
+    return Path(os.environ.get("MHBOOK_LIVE_DIR") or ".") / name
+
+
+def _float16_tensors(model: torch.nn.Module) -> tuple[dict, int, float]:
+    """``(tensors, parameters, max_rounding)``: every tensor of ``model.state_dict()`` as
+    little-endian float16 in base64 (``{"shape", "data"}``), how many numbers, and the
+    largest ``|float16(w) - w|``."""
+    tensors, parameters, rounding = {}, 0, 0.0
+    for name, tensor in model.state_dict().items():
+        values = tensor.detach().to("cpu", torch.float32).numpy()
+        half = values.astype("<f2")
+        rounding = max(rounding, float(np.abs(half.astype(np.float32) - values).max()))
+        tensors[name] = {
+            "shape": list(values.shape),
+            "data": base64.b64encode(half.tobytes()).decode("ascii"),
+        }
+        parameters += values.size
+    return tensors, parameters, rounding
+
+
+def _write(payload: dict, path: Path, parameters: int, rounding: float) -> dict:
+    """Write ``payload`` as compact ASCII JSON to ``path``; what was written, and its sha256."""
+    text = json.dumps(payload, separators=(",", ":"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="ascii")
+    return {
+        "path": str(path),
+        "bytes": len(text),
+        "sha256": hashlib.sha256(text.encode("ascii")).hexdigest(),
+        "parameters": parameters,
+        "max_rounding": rounding,
+    }
+
+
+def _read_tensors(tensors: dict) -> dict[str, torch.Tensor]:
+    """The float16 tensors of a live file, widened to float32."""
+    state = {}
+    for name, tensor in tensors.items():
+        half = np.frombuffer(base64.b64decode(tensor["data"]), dtype="<f2")
+        state[name] = torch.from_numpy(half.astype(np.float32).reshape(tensor["shape"]))
+    return state
+
+
+def export_translator(
+    model: Transformer,
+    data: NumberTranslation,
+    path: str | os.PathLike | None = None,
+    max_new_tokens: int = 40,
+) -> dict:
+    """Write ``model``'s weights and ``data``'s vocabularies for the live panel, to ``path``
+    (default :func:`live_path`).
+
+    Every tensor of ``model.state_dict()`` is stored as little-endian float16 in base64
+    (``{"shape", "data"}``); the config fields the forward needs, both vocabularies and the
+    special ids go beside them.
+
+    Returns:
+        ``{"path", "bytes", "sha256", "parameters", "max_rounding"}``: ``max_rounding`` is the
+        largest ``|float16(w) - w|`` over all weights.
+    """
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a mhbook.Transformer, got {type(model).__name__}")
+    _check_supported(model.config)
+    tensors, parameters, rounding = _float16_tensors(model)
+    src, tgt = data.src_vocab, data.tgt_vocab
+    payload = {
+        "format": 1,
+        "config": {f: getattr(model.config, f) for f in _CONFIG_FIELDS},
+        "src_vocab": list(src.id_to_token),
+        "tgt_vocab": list(tgt.id_to_token),
+        "specials": {"bos": tgt.bos_id, "eos": tgt.eos_id, "pad": tgt.pad_id},
+        "max_new_tokens": max_new_tokens,
+        "tensors": tensors,
+    }
+    if src.eos_id != tgt.eos_id:
+        raise ValueError(f"the vocabularies' <eos> ids differ: {src.eos_id} and {tgt.eos_id}")
+    path = live_path() if path is None else Path(path)
+    return _write(payload, path, parameters, rounding)
+
+
+def shipped_model(path: str | os.PathLike) -> tuple[Transformer, dict]:
+    """The PyTorch model of exactly the weights in ``path`` (float16 widened to float32), in
+    eval mode, and the file's JSON (vocabularies, special ids) without the tensors."""
+    payload = json.loads(Path(path).read_text(encoding="ascii"))
+    if payload.get("format") != 1:
+        raise ValueError(f"{path} is not a live translator file of format 1")
+    config = ModelConfig(**payload["config"])
+    model = Transformer(config, len(payload["src_vocab"]), len(payload["tgt_vocab"]))
+    model.load_state_dict(_read_tensors(payload.pop("tensors")))
+    return model.eval(), payload
+
+
+def live_translator_html(url: str = f"../_static/{LIVE_FILE}", example: str = "71") -> str:
+    """The live panel's HTML, with its JavaScript: a folded ``<details>`` that loads the
+    weights from ``url`` when the reader opens it. ``window.mhbookLive`` holds its API:
+    ``translate(text)``, ``logits(srcIds, tgtIds)``, ``numberToWords(n)``, ``load()``; on a
+    page without :func:`live_lm_html`'s panel, ``complete`` rejects with a pointer to
+    chapter 14's.
+
+    Returns:
+        An ``IPython.display.HTML`` object (its ``data`` attribute is the HTML string).
+    """
+    from IPython.display import HTML
+
+    uid = "mhbook-live-" + hashlib.sha1(url.encode()).hexdigest()[:8]
+    body = f"""
+<details class="mhbook-live">
+  <summary>Try the trained model: type a number and watch every head translate it</summary>
+  <div class="mhbook-live-body">
+    <p class="mhbook-live-status" role="status" aria-live="polite">Open to load the weights.</p>
+    <form class="mhbook-live-form">
+      <label for="{uid}-input">A number from 0 to 999,999, in digits or English words</label>
+      <input id="{uid}-input" class="mhbook-live-input" type="text" value="{example}"
+        autocomplete="off" spellcheck="false">
+      <button type="submit">Translate</button>
+      <button type="button" class="mhbook-live-step">Step</button>
+      <button type="button" class="mhbook-live-reset">Start over</button>
+    </form>
+    <p class="mhbook-live-error" role="alert" hidden></p>
+    <p>English: <span class="mhbook-live-english"></span></p>
+    <p>French: <output class="mhbook-live-french" for="{uid}-input"></output></p>
+    <table class="mhbook-live-cache">
+      <caption>The KV cache, step by step (float32 numbers held by all decoder layers)</caption>
+      <thead><tr><th scope="col">step</th><th scope="col">fed</th><th scope="col">wrote</th>
+        <th scope="col">French tokens cached per layer</th>
+        <th scope="col">English tokens cached per layer (cross)</th>
+        <th scope="col">bytes</th></tr></thead>
+      <tbody></tbody>
+    </table>
+    <div class="mhbook-live-maps"></div>
+  </div>
+</details>"""
+    data = {"url": url, "scale": colour_scale(), "maxNumber": MAX_NUMBER}
+    return HTML(
+        embed(uid, body, ["live_core.js", "live.js"], data, css=["explorer.css", "live.css"])
+    )
+
+
+# --------------------------------------------------------------------------- the language model
+
+#: The fields of :class:`mhbook.ModelConfig` the language model's file keeps (as they are,
+#: ``None`` included: :func:`shipped_lm` rebuilds the same config). ``live_lm.js`` reads
+#: ``d_model``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``num_layers``, ``norm_eps``,
+#: ``rope_theta``, ``scale_embeddings`` and ``window``; the others say what it implements.
+_LM_CONFIG_FIELDS = (
+    "d_model",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "num_layers",
+    "d_ff",
+    "norm_eps",
+    "norm_first",
+    "norm",
+    "ffn",
+    "bias",
+    "position",
+    "rope_theta",
+    "tie_embeddings",
+    "scale_embeddings",
+    "window",
+)
+
+
+def _check_lm_supported(config: ModelConfig) -> None:
+    """The JavaScript forward implements a Llama-shaped :class:`~mhbook.DecoderOnlyLM`:
+    pre-norm RMSNorm, SwiGLU, RoPE in the rotate-half layout (unscaled), grouped-query (or
+    multi-head, or multi-query) attention in one sliding window, no biases. Anything else is
+    refused by name."""
+    wanted = {
+        "norm_first": True,
+        "norm": "rms",
+        "ffn": "swiglu",
+        "position": "rope",
+        "bias": False,
+        "rope_scaling": None,
+        "d_latent": None,
+        "sinks": 0,
+        "global_every": None,
+    }
+    wrong = {f: getattr(config, f) for f, v in wanted.items() if getattr(config, f) != v}
+    if wrong:
+        raise ValueError(
+            "the live language model's JavaScript runs a Llama-shaped DecoderOnlyLM (pre-norm "
+            "RMSNorm, SwiGLU, unscaled RoPE, grouped-query attention, no biases, one sliding "
+            f"window); not {wrong}"
+        )
+
+
+def export_lm(
+    model: DecoderOnlyLM,
+    tokenizer,
+    path: str | os.PathLike | None = None,
+    *,
+    window: int | None = None,
+) -> dict:
+    """Write a character language model's weights and characters for the live panel
+    (:func:`live_lm_html`), to ``path`` (default :func:`live_path` of :data:`LIVE_LM_FILE`).
+
+    As :func:`export_translator`: every tensor of ``model.state_dict()`` as little-endian
+    float16 in base64; beside them the config (``_LM_CONFIG_FIELDS``) and the
+    characters, ``chars[i]`` being token ``i``.
+
+    Args:
+        model: a Llama-shaped :class:`mhbook.DecoderOnlyLM` (anything else is refused with a
+            ``ValueError`` naming the fields).
+        tokenizer: a :class:`mhbook.tasks.shakespeare.CharTokenizer` (its ``chars``), or the list of
+            characters itself.
+        window: the sliding window the page samples through (the rolling KV cache keeps the
+            last ``window`` characters; RoPE's positions keep counting). Default:
+            ``model.config.window``, else :data:`LM_WINDOW` (64, the context Part V's model
+            is trained at, as chapter 14 samples).
+
+    Returns:
+        ``{"path", "bytes", "sha256", "parameters", "max_rounding"}``, as
+        :func:`export_translator`.
+    """
+    if not isinstance(model, DecoderOnlyLM):
+        raise TypeError(f"model must be a mhbook.DecoderOnlyLM, got {type(model).__name__}")
+    _check_lm_supported(model.config)
+    chars = list(getattr(tokenizer, "chars", tokenizer))
+    if not all(isinstance(c, str) and len(c) == 1 for c in chars) or len(set(chars)) != len(chars):
+        raise ValueError("tokenizer must be a CharTokenizer or a list of distinct characters")
+    if len(chars) != model.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {len(chars)} characters but the model {model.vocab_size} tokens"
+        )
+    window = window or model.config.window or LM_WINDOW
+    config = model.config.replace(window=window)  # checked as a config is
+    tensors, parameters, rounding = _float16_tensors(model)
+    payload = {
+        "format": 1,
+        "model": "DecoderOnlyLM",
+        "config": {f: getattr(config, f) for f in _LM_CONFIG_FIELDS},
+        "chars": chars,
+        "tensors": tensors,
+    }
+    path = live_path(LIVE_LM_FILE) if path is None else Path(path)
+    return _write(payload, path, parameters, rounding)
+
+
+def shipped_lm(path: str | os.PathLike) -> DecoderOnlyLM:
+    """The PyTorch model of exactly the weights in ``path`` (float16 widened to float32), in
+    eval mode, on the CPU, with the window the page samples through in its config (so its
+    ``generate`` is what the page computes); its characters are ``model.chars``."""
+    payload = json.loads(Path(path).read_text(encoding="ascii"))
+    if payload.get("format") != 1 or payload.get("model") != "DecoderOnlyLM":
+        raise ValueError(f"{path} is not a live language model file of format 1")
+    model = DecoderOnlyLM(ModelConfig(**payload["config"]), len(payload["chars"]))
+    model.load_state_dict(_read_tensors(payload["tensors"]))
+    model.chars = list(payload["chars"])
+    return model.eval()
+
+
+def live_lm_html(url: str = f"../_static/{LIVE_LM_FILE}", prompt: str = "ROMEO:\n") -> str:
+    """The live language model's panel: a folded ``<details>`` that loads the weights from
+    ``url`` when the reader opens it; a prompt, a temperature (0: greedy), a seed and a
+    number of characters; the continuation streamed into the page as it is generated; the
+    KV cache; the attention of the last character over its window, for a layer and head the
+    reader picks.
+
+    ``window.mhbookLive`` gains ``complete(prompt, n, {temperature, seed})`` (a promise of
+    the ``n`` new characters: greedy by default, else sampled with the seeded generator
+    mulberry32), ``lmLogits(prompt)`` (the next character's logits after the prompt),
+    ``lmAttention(prompt)`` (the last character's weights ``[layer][head][key]`` over its
+    window) and ``lmLoad()``.
+
+    Returns:
+        An ``IPython.display.HTML`` object (its ``data`` attribute is the HTML string).
+    """
+    from IPython.display import HTML
+
+    uid = "mhbook-live-lm-" + hashlib.sha1(url.encode()).hexdigest()[:8]
+    body = f"""
+<details class="mhbook-live mhbook-live-lm">
+  <summary>Try the trained model: write a prompt and watch it continue, one character at a
+    time</summary>
+  <div class="mhbook-live-body">
+    <p class="mhbook-live-status" role="status" aria-live="polite">Open to load the weights.</p>
+    <form class="mhbook-live-lm-form">
+      <label for="{uid}-prompt">A prompt, in the characters of Tiny Shakespeare
+        (Ctrl+Enter generates)</label>
+      <textarea id="{uid}-prompt" class="mhbook-live-lm-prompt" rows="3" autocomplete="off"
+        spellcheck="false">{html.escape(prompt)}</textarea>
+      <div class="mhbook-live-lm-controls">
+        <span><label for="{uid}-temperature">Temperature</label>
+          <input id="{uid}-temperature" class="mhbook-live-lm-temperature" type="range"
+            min="0" max="2" step="0.1" value="0">
+          <output class="mhbook-live-lm-temperature-value" for="{uid}-temperature">0
+            (greedy)</output></span>
+        <span><label for="{uid}-seed">Seed</label>
+          <input id="{uid}-seed" class="mhbook-live-lm-seed" type="number" min="0"
+            max="4294967295" step="1" value="0"></span>
+        <span><label for="{uid}-length">Characters</label>
+          <input id="{uid}-length" class="mhbook-live-lm-length" type="number" min="1"
+            max="2000" step="1" value="200"></span>
+        <span><button type="submit">Generate</button>
+          <button type="button" class="mhbook-live-lm-stop">Stop</button></span>
+      </div>
+    </form>
+    <p class="mhbook-live-error" role="alert" hidden></p>
+    <pre class="mhbook-live-lm-text" tabindex="0" role="region"
+      aria-label="The prompt and what the model wrote"><span
+      class="mhbook-live-lm-given"></span><span class="mhbook-live-lm-new"></span></pre>
+    <p class="mhbook-live-lm-cache"></p>
+    <div class="mhbook-live-lm-controls">
+      <span><label for="{uid}-layer">Layer</label>
+        <select id="{uid}-layer" class="mhbook-live-lm-layer"></select></span>
+      <span><label for="{uid}-head">Head</label>
+        <select id="{uid}-head" class="mhbook-live-lm-head"></select></span>
+    </div>
+    <div class="mhbook-live-maps" tabindex="0" role="region"
+      aria-label="The attention of the last character"></div>
+    <p class="mhbook-live-lm-readout"></p>
+  </div>
+</details>"""
+    data = {"url": url, "scale": colour_scale(), "glyphs": GLYPHS}
+    return HTML(
+        embed(uid, body, ["live_core.js", "live_lm.js"], data, css=["explorer.css", "live.css"])
+    )

@@ -1,0 +1,90 @@
+// What the live panels share (mhbook/viz/explorers/live.py): the translator (live.js, chapter 6)
+// and the language model (live_lm.js, chapter 14) each run after this file, inside embed.js,
+// with `root` (the panel's <div>) and `data` (its JSON: url, scale, ...) in scope.
+// Here: the weights, fetched when the reader opens a panel (float16 on the wire, float32 in
+// the browser); nn.Linear; softmax; and the heatmap of attention weights in the book's map.
+const $ = (selector) => root.querySelector(selector);
+const esc = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+
+// ---------------------------------------------------------------- weights: float16 -> float32
+function halfToFloat(h) {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exponent = (h >> 10) & 0x1f;
+  const fraction = h & 0x3ff;
+  if (exponent === 0) return sign * 2 ** -14 * (fraction / 1024);
+  if (exponent === 31) return fraction ? NaN : sign * Infinity;
+  return sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
+}
+function decodeTensor({ shape, data: b64 }) {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const halves = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.length / 2);
+  const values = new Float32Array(halves.length);
+  for (let i = 0; i < halves.length; i++) values[i] = halfToFloat(halves[i]);
+  return { shape, values };
+}
+// The file live.py wrote: {P: every tensor by its state_dict name, raw: the rest of the JSON}.
+async function loadWeights(url) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`could not load ${url}: HTTP ${response.status}`);
+  const raw = await response.json();
+  const P = {};
+  for (const [name, tensor] of Object.entries(raw.tensors)) P[name] = decodeTensor(tensor);
+  return { P, raw };
+}
+
+// ---------------------------------------------------------------- the shared layers
+// A sequence is an array of Float32Array rows (one per token).
+function linear(x, W, b) { // nn.Linear: W (out, in) as PyTorch stores it; b optional
+  const [out, inp] = W.shape;
+  return x.map((row) => {
+    const y = new Float32Array(out);
+    for (let o = 0; o < out; o++) {
+      let s = b ? b.values[o] : 0;
+      const w = o * inp;
+      for (let i = 0; i < inp; i++) s += row[i] * W.values[w + i];
+      y[o] = s;
+    }
+    return y;
+  });
+}
+function softmax(scores) {
+  let max = -Infinity;
+  for (const s of scores) if (s > max) max = s;
+  const e = scores.map((s) => (s === -Infinity ? 0 : Math.exp(s - max)));
+  const total = e.reduce((a, b) => a + b, 0);
+  return e.map((v) => v / total);
+}
+
+// ---------------------------------------------------------------- drawing
+// Attention weights [query][key] from 0 to 1 in the book's colour map (data.scale), cells of
+// `cell` by `rowHeight` pixels, a tooltip on every cell, the labels on both axes: the keys'
+// turned a quarter, or `upright` (single characters).
+function heatmap(values, rowLabels, colLabels, title, { cell = 16, rowHeight = cell,
+  upright = false } = {}) {
+  const left = 8 + 6.2 * Math.max(4, ...rowLabels.map((t) => t.length));
+  const top = upright ? 18 : 8 + 6.2 * Math.max(4, ...colLabels.map((t) => t.length));
+  const width = left + cell * colLabels.length + 4;
+  const height = top + rowHeight * rowLabels.length + 4;
+  const lut = data.scale.colours;
+  let body = "";
+  values.forEach((row, i) => row.forEach((v, j) => {
+    const k = Math.round(Math.min(1, Math.max(0, v)) * (lut.length - 1));
+    body += `<rect x="${left + j * cell}" y="${top + i * rowHeight}" width="${cell}" ` +
+      `height="${rowHeight}" fill="${lut[k]}"><title>${esc(rowLabels[i])} \u2192 ` +
+      `${esc(colLabels[j])}: ${v.toFixed(2)}</title></rect>`;
+  }));
+  rowLabels.forEach((t, i) => {
+    body += `<text x="${left - 4}" y="${top + i * rowHeight + rowHeight * 0.7}" ` +
+      `text-anchor="end" font-size="11">${esc(t)}</text>`;
+  });
+  colLabels.forEach((t, j) => {
+    const x = left + j * cell + cell * (upright ? 0.5 : 0.65);
+    body += upright
+      ? `<text x="${x}" y="${top - 5}" text-anchor="middle" font-size="11">${esc(t)}</text>`
+      : `<text transform="translate(${x},${top - 4}) rotate(-90)" font-size="11">${esc(t)}</text>`;
+  });
+  return `<figure class="mhbook-live-map"><figcaption>${esc(title)}</figcaption>` +
+    `<svg role="img" aria-label="${esc(title)}: attention weights, queries ${esc(rowLabels
+      .join(" "))} over keys ${esc(colLabels.join(" "))}" width="${width}" height="${height}" ` +
+    `viewBox="0 0 ${width} ${height}">${body}</svg></figure>`;
+}
