@@ -2,10 +2,11 @@
 #   make book   set up .venv and build the HTML book into _build/html (executes the chapters)
 #   make test   set up .venv and run every test: ruff, pytest, nbval on every chapter,
 #               and the browser test of the built book (.ci/run runs exactly this)
+#   make quick  ruff and the tests not marked slow, in under 90 s on 2 cores
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup chromium book test bench notebooks
+.PHONY: setup chromium book test quick bench notebooks
 
 setup: $(VENV)/.installed
 
@@ -41,6 +42,14 @@ test: setup chromium
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15 --nbval --nbval-current-env chapters tests
+
+# The fast tests while you work, under 90 s on 2 cores: ruff, then every test file not marked
+# `slow` (no chapters, no book build, no browser on the built book, no fresh environments, no
+# processes started), on two workers. `make test` runs all of them and more.
+quick: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/pytest -m "not slow" -n 2 -q --durations=10 tests
 
 bench: setup
 	$(BIN)/python -m benchmarks.bench

@@ -84,6 +84,11 @@ MATHJAX2_CONFIG = {
         "imageFont": None,
         "preferredFont": None,
         "linebreaks": {"automatic": True},
+        # MathJax 2 declares a font "MathJax_Blank" at url('about:blank'), the fallback against
+        # which it times its web fonts. Chromium refuses to fetch a font from about:blank and
+        # logs two console errors per page (CORS, failed load); local() names a font that is
+        # not installed: the same missing font, without a request.
+        "styles": {"@font-face": {"font-family": "MathJax_Blank", "src": "local('MathJax_Blank')"}},
     },
     # The hidden MathML kept for screen readers is styled by the NativeMML output, whose
     # rules name TeX fonts that are not shipped; plain serif avoids requests for them.

@@ -44,11 +44,10 @@ from mhbook import (
     Config,
     LayerCache,
     ModelConfig,
-    MultiHeadAttention,
     MultiHeadLatentAttention,
     TrainConfig,
     Transformer,
-    causal_mask,
+    attention_from_torch,
     get_device,
     make_attention,
     make_optimizer,
@@ -56,9 +55,9 @@ from mhbook import (
     peak_memory_bytes,
     scaled_dot_product_attention,
     sequence_loss,
+    train_step,
     translation_loss,
 )
-from mhbook.training import train
 
 __all__ = [
     "interleaved_median_times",
@@ -165,7 +164,7 @@ def bench_multihead(
     for batch, length, d_model, num_heads in shapes:
         torch.manual_seed(0)
         theirs = nn.MultiheadAttention(d_model, num_heads, batch_first=True).to(device, dtype)
-        ours = MultiHeadAttention.from_torch(theirs)
+        ours = attention_from_torch(theirs)
         x = torch.randn(batch, length, d_model, device=device, dtype=dtype, requires_grad=True)
 
         def run_ours(x=x, ours=ours):
@@ -280,7 +279,7 @@ def bench_decoding(
     vocab_size: int = 1000,
     config: ModelConfig = BOOK_CONFIG.model,
 ) -> list[dict]:
-    """Seconds of :meth:`Transformer.greedy_decode` with ``use_cache=True`` and ``False``.
+    """Seconds of greedy :meth:`Transformer.generate` with ``use_cache=True`` and ``False``.
 
     The model is a :class:`~mhbook.Transformer` of ``config`` (default: the book's)
     with random weights. To make every sequence run the full ``max_len`` steps, no
@@ -387,7 +386,7 @@ def bench_training_vs_d2l(
         def run():
             for i in range(steps):
                 b = batches[i % num_batches]
-                loss, n_tokens = train._train_step(
+                loss, n_tokens = train_step(
                     model, b, loss_fn, optimizer, scheduler, config.train.clip_norm
                 )
                 loss.item(), int(n_tokens)  # what fit logs
@@ -454,19 +453,19 @@ def fill_cache(layer: nn.Module, x: torch.Tensor, window: int | None = None) -> 
     :class:`~mhbook.MultiHeadLatentAttention`, made by the layer's own projections in one
     pass and added with ``update`` / ``update_latent`` as a prefill would add them, but
     without the prefill's attention (``O(L^2)``, and not what table (f) measures).
-    ``window``: the cache's window (``None``: it keeps every token).
+    ``window``: the layer's window, what the cache keeps (``None``: every token).
     """
     batch, length, _ = x.shape
     positions = torch.arange(length, device=x.device)
-    cache = LayerCache(window)
+    cache = LayerCache()
     if isinstance(layer, MultiHeadLatentAttention):
-        cache.update_latent(layer.latent(x, positions))
+        cache.update_latent(layer.latent(x, positions), window=window)
         return cache
     k = layer.split_heads(layer.W_k(x), layer.num_kv_heads)  # (B, h_kv, L, d_head)
     v = layer.split_heads(layer.W_v(x), layer.num_kv_heads)
     if layer.rope is not None:
         k = layer.rope(k, positions)
-    cache.update(k, v)
+    cache.update(k, v, window=window)
     return cache
 
 
@@ -529,9 +528,8 @@ def bench_kv_cache(
         def decode(layer: nn.Module, filled: LayerCache) -> None:
             cache = filled.copy()  # shares the tensors; each step adds new ones
             with torch.no_grad():
-                for _ in range(steps):
-                    mask = causal_mask(1, cache.num_kept + 1, device, window=cache.window)
-                    layer(new_token, mask=mask, cache=cache)
+                for _ in range(steps):  # a layer with a window masks by it itself
+                    layer(new_token, cache=cache)
 
         fns = {name: partial(decode, layers[name], caches[name]) for name in layers}
         t = interleaved_median_times(fns, device, rounds)

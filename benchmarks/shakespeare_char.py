@@ -32,7 +32,7 @@ import torch
 from mhbook import DecoderOnlyLM, set_seed
 from mhbook.tasks.shakespeare import lm_loss, ngram_losses
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_data
-from mhbook.training.train import _train_step, fit, make_optimizer, make_scheduler, valid_loss
+from mhbook.training.trainer import fit, make_optimizer, make_scheduler, train_step, valid_loss
 
 #: A plain GPT of the same size: what the modern block replaces.
 GPT_MODEL = SHAKESPEARE_MODEL.replace(
@@ -66,7 +66,7 @@ def step_times(configs: dict, data, rounds: int, steps: int) -> dict[str, float]
             start = time.perf_counter()
             for _ in range(steps):
                 batch = next(batches)
-                _train_step(model, batch, lm_loss, optimizer, scheduler, 1.0)
+                train_step(model, batch, lm_loss, optimizer, scheduler, 1.0)
             if r > 0:  # round 0 warms up
                 times[name].append((time.perf_counter() - start) / steps)
     return {name: statistics.median(t) for name, t in times.items()}
@@ -96,7 +96,8 @@ def main() -> None:
     parser.add_argument("--gpt", action="store_true", help="also train the plain GPT")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data, chars = shakespeare_data()
+    data = shakespeare_data()
+    chars = data.tokenizer
     base = ngram_losses(data.ids["train"], data.ids["valid"], chars.vocab_size)
     print(
         f"Tiny Shakespeare, characters: {data}; {torch.get_num_threads()} thread(s), "

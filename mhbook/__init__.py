@@ -6,7 +6,8 @@ folders below it; ``tests/test_hygiene.py`` checks it):
 * :mod:`mhbook.core`: argument validation, configs, masks, devices and seeds;
 * :mod:`mhbook.attention`: the attention core, RoPE, ALiBi, the cache, the attention layers;
 * :mod:`mhbook.tasks`: the number-words task, BLEU, the Shakespeare corpus;
-* :mod:`mhbook.models`: layers, blocks, the two models, ``generate``, Hugging Face;
+* :mod:`mhbook.models`: layers, blocks, the two models, ``generate``, the conversions to
+  and from Hugging Face and PyTorch;
 * :mod:`mhbook.distributed`: launching ranks, tensor and context parallelism;
 * :mod:`mhbook.training`: ``fit``, the book's trained models;
 * :mod:`mhbook.check`: the checks of the reader's own code;

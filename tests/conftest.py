@@ -120,8 +120,8 @@ def assert_same_grads(assert_close):
 # -- Hugging Face's attention layers, random weights (nothing is downloaded) ----------------
 # Every one is float64-ready and uses PyTorch's SDPA: transformers' "eager" path takes the
 # softmax in float32, SDPA keeps float64, so that comparisons can be tight (helpers.CLOSE).
-# mhbook's copy of a Llama or Mistral layer is MultiHeadAttention.from_hf(layer); test_multihead
-# checks from_hf against the weights mapped by hand.
+# mhbook's copy of a Llama or Mistral layer is mhbook.attention_from_hf(layer); test_multihead
+# checks attention_from_hf against the weights mapped by hand.
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import torch
 import mhbook
 from benchmarks.bench import D2L_CONFIG, random_translation_batch
 from benchmarks.bench_flat import FlatTransformer, TorchTransformer
-from mhbook.training import train
+from mhbook.training.trainer import train_step
 
 CONFIG = D2L_CONFIG.model  # d_model 32, 4 heads, 2 + 2 layers, d_ff 64, dropout 0.1
 
@@ -54,7 +54,7 @@ def test_flat_model_trains_to_the_same_bits():
         scheduler = mhbook.make_scheduler(optimizer, D2L_CONFIG.train)
         torch.manual_seed(1)
         losses[name] = [
-            train._train_step(model, b, loss_fn, optimizer, scheduler, 1.0)[0].item()
+            train_step(model, b, loss_fn, optimizer, scheduler, 1.0)[0].item()
             for b in _batches() * 2
         ]
     assert losses["flat"] == losses["mhbook"]

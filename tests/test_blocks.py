@@ -38,7 +38,7 @@ def test_encoder_block_matches_torch(masks, norm_first, dtype, assert_close, ass
     layer = nn.TransformerEncoderLayer(
         D_MODEL, NUM_HEADS, D_FF, dropout=0.0, batch_first=True, norm_first=norm_first, dtype=dtype
     )
-    block = mhbook.EncoderBlock.from_torch(layer)
+    block = mhbook.encoder_block_from_torch(layer)
     x = _randn(3, 6, D_MODEL, dtype=dtype, seed=1)
     pad = mhbook.padding_mask(torch.tensor([6, 4, 1]), 6) if "padding" in masks else None
     causal = mhbook.causal_mask(6) if "causal" in masks else None
@@ -62,7 +62,7 @@ def test_encoder_block_matches_torch_eval(norm_first, dtype, assert_close):
     layer = nn.TransformerEncoderLayer(
         D_MODEL, NUM_HEADS, D_FF, dropout=0.1, batch_first=True, norm_first=norm_first, dtype=dtype
     ).eval()
-    block = mhbook.EncoderBlock.from_torch(layer).eval()
+    block = mhbook.encoder_block_from_torch(layer).eval()
     x = _randn(3, 6, D_MODEL, dtype=dtype, seed=2).detach()
     pad = mhbook.padding_mask(torch.tensor([6, 4, 2]), 6)
     with torch.no_grad():
@@ -80,7 +80,7 @@ def test_decoder_block_matches_torch(
     layer = nn.TransformerDecoderLayer(
         D_MODEL, NUM_HEADS, D_FF, dropout=0.0, batch_first=True, norm_first=norm_first, dtype=dtype
     )
-    block = mhbook.DecoderBlock.from_torch(layer)
+    block = mhbook.decoder_block_from_torch(layer)
     tgt = _randn(3, 5, D_MODEL, dtype=dtype, seed=3)
     memory = _randn(3, 7, D_MODEL, dtype=dtype, seed=4)
     causal = mhbook.causal_mask(5)
@@ -128,12 +128,12 @@ def test_decoder_block_cache_step_by_step_equals_full(norm_first, dtype, assert_
 def test_from_torch_rejects_other_layers():
     silu = nn.TransformerEncoderLayer(D_MODEL, NUM_HEADS, D_FF, batch_first=True, activation=F.silu)
     with pytest.raises(ValueError, match="only ReLU and GELU are supported"):
-        mhbook.EncoderBlock.from_torch(silu)
+        mhbook.encoder_block_from_torch(silu)
     seq_first = nn.TransformerDecoderLayer(D_MODEL, NUM_HEADS, D_FF)
     with pytest.raises(ValueError, match="batch_first=True"):
-        mhbook.DecoderBlock.from_torch(seq_first)
+        mhbook.decoder_block_from_torch(seq_first)
     with pytest.raises(TypeError, match="expected TransformerDecoderLayer, got TransformerEncoder"):
-        mhbook.DecoderBlock.from_torch(silu)
+        mhbook.decoder_block_from_torch(silu)
 
 
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
@@ -145,8 +145,11 @@ def test_from_torch_copies_a_gelu_layer(kind, norm_first, dtype, assert_close):
         D_MODEL, NUM_HEADS, D_FF, dropout=0.0, batch_first=True, norm_first=norm_first,
         activation="gelu", dtype=dtype,
     )  # fmt: skip
-    block_class = mhbook.EncoderBlock if kind == "encoder" else mhbook.DecoderBlock
-    block = block_class.from_torch(layer)
+    from_torch = (
+        mhbook.encoder_block_from_torch if kind == "encoder" else mhbook.decoder_block_from_torch
+    )
+    block = from_torch(layer)
+    assert isinstance(block, mhbook.EncoderBlock if kind == "encoder" else mhbook.DecoderBlock)
     assert block.ffn.activation == "gelu"
     x = _randn(3, 5, D_MODEL, dtype=dtype, seed=9)
     if kind == "encoder":
@@ -218,6 +221,6 @@ def test_blocks_drop_out_only_the_sublayer_outputs():
     # A copy of PyTorch's layer drops what it drops: its residual dropout in AddNorm, its
     # attention dropout (PyTorch's layer passes its dropout to the attention too).
     layer = nn.TransformerEncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.1, batch_first=True)
-    block = mhbook.EncoderBlock.from_torch(layer)
+    block = mhbook.encoder_block_from_torch(layer)
     assert block.self_attn.dropout == layer.self_attn.dropout == 0.1
     assert block.addnorm1.dropout.p == block.addnorm2.dropout.p == 0.1

@@ -4,8 +4,9 @@ Shakespeare, exported as chapter 14 exports its model, served on 127.0.0.1 (the 
 weights), and driven from the keyboard. The JavaScript forward (static/live_lm.js) must give
 PyTorch's logits (``live.shipped_lm``, the same float16 weights, in float32) within 1e-4, and
 PyTorch's greedy text through the rolling window of 64, past its 64th character; its attention
-must be PyTorch's; a character outside the 65 must be refused by name; a seed must give the same
-sample twice, and another seed another; no JavaScript error, and axe-core must find nothing.
+must be PyTorch's; a character outside the 65 must be refused by name; the panel must open on
+temperature 0.8 and seed 0 (greedy decoding loops); a seed must give the same sample twice, and
+another seed another; no JavaScript error, and axe-core must find nothing.
 
 Chromium, Playwright and axe as in tests/test_browser.py (whose helpers this file imports):
 without Chromium the test is skipped, unless ``CI`` is set. The panel's screenshot goes to
@@ -46,9 +47,10 @@ def shipped(tmp_path_factory):
     """(folder, the PyTorch model of the shipped weights, tokenizer): the folder holds the
     weights (as chapter 14 writes them) and a page with the panel."""
     folder = tmp_path_factory.mktemp("live-lm")
-    model, _, chars, _ = shakespeare_model(
+    model, data, _ = shakespeare_model(
         None, config=TINY, train=FEW_STEPS, progress=False, device="cpu"
     )
+    chars = data.tokenizer
     info = live.export_lm(model, chars, folder / live.LIVE_LM_FILE)
     html = live.live_lm_html(url=live.LIVE_LM_FILE).data
     (folder / "page.html").write_text(
@@ -100,6 +102,10 @@ def _drive(visit, lm, chars):
         "(el) => el.textContent.startsWith('Loaded')", arg=status.element_handle()
     )
     assert [u for u in requested if u.endswith(live.LIVE_LM_FILE)], requested
+    # It opens sampling, at chapter 14's temperature and seed (greedy decoding loops).
+    assert panel.locator(".mhbook-live-lm-temperature").input_value() == "0.8"
+    assert panel.locator(".mhbook-live-lm-temperature-value").text_content() == "0.8"
+    assert panel.locator(".mhbook-live-lm-seed").input_value() == "0"
 
     # Greedy from the keyboard: the prompt, temperature 0 (Home), the number of characters,
     # Generate. PyTorch's generate through the window of 64 writes the same text.

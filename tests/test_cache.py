@@ -86,17 +86,18 @@ def test_grouped_query_keys_and_values():
 
 @pytest.mark.parametrize("steps", [[1] * 7, [3, 2, 2], [2, 5]])
 def test_rolling_window_keeps_the_last_tokens_and_attends_like_a_sliding_window(steps):
-    """With window=3 the cache holds the last 3 tokens' keys and values; length counts
-    all. Fed in chunks, with causal_mask(..., window=3), it gives sliding-window
-    attention over the whole sequence."""
+    """Updated with window=3 (as a local layer updates it) the cache holds the last 3
+    tokens' keys and values; length counts all. Fed in chunks, with
+    causal_mask(..., window=3), it gives sliding-window attention over the whole
+    sequence."""
     window, total = 3, sum(steps)
     q, k, v = (seeded(2, 4, total, D_HEAD, seed=s) for s in (6, 7, 8))
     full, _ = mhbook.attend(q, k, v, mhbook.causal_mask(total, window=window))
-    cache, outputs, start = mhbook.LayerCache(window=window), [], 0
+    cache, outputs, start = mhbook.LayerCache(), [], 0
     for n in steps:
         new = slice(start, start + n)
         kept = cache.num_kept
-        keys, values = cache.update(k[:, :, new], v[:, :, new])
+        keys, values = cache.update(k[:, :, new], v[:, :, new], window=window)
         assert keys.size(2) == kept + n
         mask = mhbook.causal_mask(n, kept + n, window=window)
         outputs.append(mhbook.attend(q[:, :, new], keys, values, mask)[0])
@@ -119,20 +120,29 @@ def test_causal_mask_window_is_a_band():
 
 def test_latent_instead_of_keys_and_values():
     """Multi-head latent attention caches one (batch, S, d_latent) tensor per layer."""
-    cache = mhbook.KVCache(2, window=4)
+    cache = mhbook.KVCache(2)
     layer = cache.layers[0]
     c = seeded(3, 6, 5, seed=9)
-    assert torch.equal(layer.update_latent(c[:, :2]), c[:, :2])
-    assert torch.equal(layer.update_latent(c[:, 2:]), c)  # all kept ones, then the new
+    assert torch.equal(layer.update_latent(c[:, :2], window=4), c[:, :2])
+    assert torch.equal(layer.update_latent(c[:, 2:], window=4), c)  # all kept, then the new
     assert layer.keys is None and torch.equal(layer.latent, c[:, 2:])
     assert layer.length == 6 and layer.num_kept == 4
     assert cache.nbytes == 3 * 4 * 5 * 8
 
 
-def test_decoder_refuses_a_windowed_cache(model, source):
+def test_the_cache_holds_no_attention_configuration(model, source):
+    """The window is the layer's, not the cache's: a cache takes no window, and the
+    encoder-decoder's layers (no window) keep every token in theirs."""
     memory, memory_mask = source
-    with pytest.raises(ValueError, match="window=4"):
-        model.decoder(torch.ones(3, 1, dtype=torch.long), memory, memory_mask, mhbook.KVCache(2, 4))
+    with pytest.raises(TypeError):
+        mhbook.KVCache(2, 4)
+    with pytest.raises(TypeError):
+        mhbook.LayerCache(window=4)
+    cache = model.decoder.new_cache()
+    for _ in range(5):
+        model.decoder(torch.ones(3, 1, dtype=torch.long), memory, memory_mask, cache)
+    assert all(layer.num_kept == 5 for layer in cache.layers)
+    assert not hasattr(cache, "window") and not hasattr(cache.layers[0], "window")
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
@@ -140,7 +150,7 @@ def test_bad_sizes(bad):
     with pytest.raises(ValueError, match=rf"num_layers must be an int >= 1, got {bad!r}"):
         mhbook.KVCache(bad)
     with pytest.raises(ValueError, match=rf"window must be an int >= 1 or None, got {bad!r}"):
-        mhbook.LayerCache(window=bad)
+        mhbook.LayerCache().update(seeded(1, 1, 1, D_HEAD), seeded(1, 1, 1, D_HEAD), window=bad)
 
 
 def test_keys_and_values_or_a_latent_never_both():
@@ -162,10 +172,10 @@ def test_keys_and_values_or_a_latent_never_both():
 
 def test_positions_are_kept_beside_the_keys_for_alibi():
     """update(k, v, positions) keeps the positions of the kept keys, trimmed with them."""
-    cache = mhbook.LayerCache(window=3)
+    cache = mhbook.LayerCache()
     for start, n in ((0, 2), (2, 1), (3, 2)):
         k = seeded(2, 4, n, D_HEAD, seed=start)
-        cache.update(k, k, torch.arange(start, start + n))
+        cache.update(k, k, torch.arange(start, start + n), window=3)
         assert torch.equal(cache.positions, torch.arange(max(0, start + n - 3), start + n))
     with pytest.raises(ValueError, match="positions must be passed at every update"):
         cache.update(k, k)

@@ -110,7 +110,9 @@ def _is_mhbook(name: str) -> bool:
 class ColabEnv:
     """A fresh venv that sees this environment's packages except mhbook, and a kernel for it."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, source: Path | None = None):
+        """``source``: what the first cell installs (``MHBOOK_SOURCE``); by default a copy of this
+        checkout's package files (tests/test_release.py hands it the release's wheel)."""
         self.base = base
         self.venv = base / "venv"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.venv)], check=True)
@@ -144,7 +146,7 @@ class ColabEnv:
         }
         (spec_dir / "kernel.json").write_text(json.dumps(spec))
 
-        self.source = _source_copy(base / "source")
+        self.source = source or _source_copy(base / "source")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_"))}
         self.env.update(
             {

@@ -131,8 +131,8 @@ def test_transformer_cached_decoding_equals_the_full_pass(position, kv):
     lens = torch.tensor([6, 4])
     with torch.no_grad():
         assert torch.equal(
-            model.greedy_decode(src, lens, 1, 2, 8),
-            model.greedy_decode(src, lens, 1, 2, 8, use_cache=False),
+            model.generate(src, lens, 8, bos_id=1, eos_id=2),
+            model.generate(src, lens, 8, bos_id=1, eos_id=2, use_cache=False),
         )
         memory = model.encoder(src, lens)
         mask = mhbook.padding_mask(lens, 6)
@@ -151,8 +151,8 @@ def test_latent_attention_in_the_transformers_self_attention():
     src = torch.randint(3, 20, (2, 6), generator=torch.Generator().manual_seed(0))
     lens = torch.tensor([6, 4])
     assert torch.equal(
-        model.greedy_decode(src, lens, 1, 2, 6),
-        model.greedy_decode(src, lens, 1, 2, 6, use_cache=False),
+        model.generate(src, lens, 6, bos_id=1, eos_id=2),
+        model.generate(src, lens, 6, bos_id=1, eos_id=2, use_cache=False),
     )
 
 
@@ -170,10 +170,17 @@ def test_dropout_has_one_meaning():
 
 
 def test_the_default_config_is_the_books_models():
-    """The defaults keep chapters 6 and 9's models: LayerNorm, ReLU, scaled embeddings,
-    biases (but not in the decoder-only model's attention projections)."""
+    """The defaults are the book's encoder-decoder model (chapter 6): LayerNorm, ReLU,
+    scaled embeddings, biases everywhere (``bias`` is a plain bool, True); the
+    decoder-only model with the defaults has them too, in its attention projections as
+    well; bias=False removes them all."""
     lm, model = _lm(BASE), _transformer(BASE)
-    assert lm.blocks[0].self_attn.W_q.bias is None and lm.output.bias is not None
+    assert BASE.bias is True and ModelConfig().bias is True
+    assert lm.blocks[0].self_attn.W_q.bias is not None and lm.output.bias is not None
+    without = _lm(BASE.replace(bias=False))
+    assert without.blocks[0].self_attn.W_q.bias is None and without.output.bias is None
+    with pytest.raises(ValueError, match="ModelConfig.bias must be True or False, got None"):
+        ModelConfig(bias=None)
     assert lm.blocks[0].ffn.linear1.bias is not None
     assert model.encoder.blocks[0].self_attn.W_q.bias is not None
     assert isinstance(lm.blocks[0].addnorm1.norm, nn.LayerNorm)

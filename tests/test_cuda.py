@@ -70,7 +70,7 @@ def test_grouped_query_attention_on_cuda_equals_the_explicit_path(dtype, masked,
 def test_multihead_attention_equals_pytorch_on_cuda(need_weights):
     torch.manual_seed(0)
     theirs = nn.MultiheadAttention(64, 8, batch_first=True, device=CUDA)
-    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    ours = mhbook.attention_from_torch(theirs)
     x, memory = _randn(3, 5, 64, seed=1), _randn(3, 7, 64, seed=2)
     valid_lens = torch.tensor([7, 4, 2], device=CUDA)
     mask = mhbook.padding_mask(valid_lens, 7)
@@ -91,14 +91,14 @@ def test_float16_model_records_attention_without_nan():
     assert all(torch.isfinite(w).all() for w in recorded().values())
 
 
-def test_greedy_decode_with_and_without_cache_on_cuda():
+def test_greedy_generate_with_and_without_cache_on_cuda():
     torch.manual_seed(0)
     config = mhbook.ModelConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64)
     model = mhbook.Transformer(config, 20, 20).to(CUDA).eval()
     src = torch.randint(4, 20, (4, 7), device=CUDA)
     valid_lens = torch.tensor([7, 5, 3, 1], device=CUDA)
-    cached = model.greedy_decode(src, valid_lens, 1, 2, max_len=12, use_cache=True)
-    uncached = model.greedy_decode(src, valid_lens, 1, 2, max_len=12, use_cache=False)
+    cached = model.generate(src, valid_lens, 12, bos_id=1, eos_id=2, use_cache=True)
+    uncached = model.generate(src, valid_lens, 12, bos_id=1, eos_id=2, use_cache=False)
     assert cached.device.type == "cuda"
     assert torch.equal(cached, uncached)
 

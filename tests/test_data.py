@@ -185,7 +185,7 @@ def test_encode_and_decode_helpers(data):
 
 
 class _Echo(torch.nn.Module):
-    """A fake model whose greedy_decode returns fixed French ids (tests the plumbing)."""
+    """A fake model whose generate returns fixed French ids (tests the plumbing)."""
 
     def __init__(self, ids):
         super().__init__()
@@ -193,8 +193,8 @@ class _Echo(torch.nn.Module):
         self.ids = ids
         self.calls = []
 
-    def greedy_decode(self, src, src_valid_lens, bos_id, eos_id, max_len, use_cache=True):
-        self.calls.append((tuple(src.shape), bos_id, eos_id, max_len, use_cache))
+    def generate(self, src, src_valid_lens, max_new_tokens, *, bos_id, eos_id, use_cache=True):
+        self.calls.append((tuple(src.shape), bos_id, eos_id, max_new_tokens, use_cache))
         return self.ids
 
 

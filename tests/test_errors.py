@@ -133,7 +133,7 @@ def test_src_valid_lens_of_wrong_shape(model):
     with pytest.raises(ValueError, match=shapes("(2,)", "(3,)")):
         model(src, torch.zeros(2, 4, dtype=torch.long), torch.tensor([5, 5, 5]))
     with pytest.raises(ValueError, match=shapes("(2,)", "(2, 1)")):
-        model.greedy_decode(src, torch.tensor([[5], [5]]), 1, 2, 3)
+        model.generate(src, torch.tensor([[5], [5]]), 3, bos_id=1, eos_id=2)
 
 
 def test_memory_and_tgt_batch_sizes_differ(model):
@@ -187,9 +187,9 @@ def test_token_ids_must_be_2d(model):
 # -- conversion from PyTorch -------------------------------------------------------------
 def test_from_torch_needs_batch_first():
     with pytest.raises(ValueError, match=shapes("batch_first=True", "batch_first=False")):
-        mhbook.MultiHeadAttention.from_torch(torch.nn.MultiheadAttention(D_MODEL, NUM_HEADS))
+        mhbook.attention_from_torch(torch.nn.MultiheadAttention(D_MODEL, NUM_HEADS))
     with pytest.raises(TypeError, match=shapes("nn.MultiheadAttention", "Linear")):
-        mhbook.MultiHeadAttention.from_torch(torch.nn.Linear(2, 2))
+        mhbook.attention_from_torch(torch.nn.Linear(2, 2))
 
 
 # -- constructor arguments ---------------------------------------------------------------
@@ -264,7 +264,12 @@ def test_attend_shape_errors():
         mhbook.attend(x(2, 4, 3, 8), x(3, 4, 5, 8), x(3, 4, 5, 8))
     with pytest.raises(ValueError, match=shapes("feature size d", "(2, 4, 3, 8)", "(2, 4, 5, 6)")):
         mhbook.attend(x(2, 4, 3, 8), x(2, 4, 5, 6), x(2, 4, 5, 6))
-    with pytest.raises(ValueError, match=shapes("h_kv must divide", "h=4", "h_kv=3")):
+    with pytest.raises(
+        ValueError,
+        match=shapes(
+            "num_heads must be divisible by num_kv_heads", "num_heads=4", "num_kv_heads=3"
+        ),
+    ):
         mhbook.attend(x(2, 4, 3, 8), x(2, 3, 5, 8), x(2, 3, 5, 8))
     with pytest.raises(ValueError, match=shapes("(2, 5)", "(2, 4, 3, 5)")):
         mhbook.attend(x(2, 4, 3, 8), x(2, 2, 5, 8), x(2, 2, 5, 8), torch.ones(2, 5, dtype=bool))
@@ -325,7 +330,7 @@ def test_eos_id_outside_the_target_vocabulary(model):
     """An <eos> the model can never emit would never stop generation."""
     src = torch.zeros(2, 5, dtype=torch.long)
     with pytest.raises(ValueError, match=shapes("eos_id", "[0, 12]", "13 tokens", "got 13")):
-        model.greedy_decode(src, torch.tensor([5, 5]), 1, 13, 3)
+        model.generate(src, torch.tensor([5, 5]), 3, bos_id=1, eos_id=13)
 
 
 def test_decoder_cache_of_the_wrong_kind(model):
@@ -392,7 +397,7 @@ def test_to_torch_needs_heads_that_fill_d_model():
             "d_head", "num_heads * d_head == d_model", "num_heads=2", "d_head=6", "d_model=8"
         ),
     ):
-        mha.to_torch()
+        mhbook.attention_to_torch(mha)
 
 
 @pytest.mark.parametrize(
@@ -406,22 +411,33 @@ def test_to_torch_needs_heads_that_fill_d_model():
 def test_to_torch_names_what_pytorch_cannot_express(kwargs, named):
     mha = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, **kwargs)
     with pytest.raises(ValueError, match=shapes("cannot express", f"layer's {named}")):
-        mha.to_torch()
+        mhbook.attention_to_torch(mha)
     plain = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS)
     plain.head_mask = torch.ones(NUM_HEADS)
     with pytest.raises(ValueError, match=shapes("cannot express", "layer's head_mask")):
-        plain.to_torch()
+        mhbook.attention_to_torch(plain)
+
+
+def test_the_conversions_name_the_module_they_need():
+    """The conversion functions take the module as an argument: another one is named."""
+    linear = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=shapes("mhbook.MultiHeadAttention", "Linear")):
+        mhbook.attention_to_torch(linear)
+    with pytest.raises(TypeError, match=shapes("mhbook.DecoderOnlyLM", "Linear")):
+        mhbook.lm_to_hf(linear)
+    with pytest.raises(TypeError, match=shapes("TransformerEncoderLayer", "Linear")):
+        mhbook.encoder_block_from_torch(linear)
 
 
 def test_from_hf_needs_a_hugging_face_attention_layer():
     with pytest.raises(TypeError, match=shapes("LlamaAttention", "Linear", "q_proj")):
-        mhbook.MultiHeadAttention.from_hf(torch.nn.Linear(2, 2))
+        mhbook.attention_from_hf(torch.nn.Linear(2, 2))
 
 
 def test_from_torch_refuses_add_bias_kv():
     theirs = torch.nn.MultiheadAttention(D_MODEL, NUM_HEADS, add_bias_kv=True, batch_first=True)
     with pytest.raises(ValueError, match="add_bias_kv=True"):
-        mhbook.MultiHeadAttention.from_torch(theirs)
+        mhbook.attention_from_torch(theirs)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])

@@ -89,10 +89,10 @@ def test_transformer_generate_runs_in_eval_mode_and_restores_it():
     src = torch.randint(3, 20, (2, 6), generator=torch.Generator().manual_seed(1))
     lens = torch.tensor([6, 4])
     model.eval()
-    expected = model.greedy_decode(src, lens, 1, 2, 10)
+    expected = model.generate(src, lens, 10, bos_id=1, eos_id=2)
     model.train()
-    assert torch.equal(model.greedy_decode(src, lens, 1, 2, 10), expected)
     assert torch.equal(model.generate(src, lens, 10, bos_id=1, eos_id=2), expected)
+    assert torch.equal(model.generate(src, lens, 10, bos_id=1, eos_id=2, use_cache=False), expected)
     assert model.training
 
 

@@ -1,6 +1,6 @@
-"""The book's language model is a Hugging Face model: DecoderOnlyLM.to_hf / from_hf against
-transformers' own LlamaForCausalLM and MistralForCausalLM (random weights, built from a
-config; nothing is downloaded), and MultiHeadAttention.from_hf against LlamaAttention."""
+"""The book's language model is a Hugging Face model: mhbook.models.hf's lm_to_hf / lm_from_hf
+against transformers' own LlamaForCausalLM and MistralForCausalLM (random weights, built from a
+config; nothing is downloaded), and attention_from_hf against LlamaAttention."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def _tokens(batch=3, length=13, seed=1):
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 def test_to_hf_gives_the_same_logits(shape, dtype, atol):
     lm = _lm(dtype, **SHAPES[shape])
-    hf = lm.to_hf()
+    hf = mhbook.lm_to_hf(lm)
     expected = MistralForCausalLM if "window" in SHAPES[shape] else LlamaForCausalLM
     assert type(hf) is expected and not hf.training
     assert hf.dtype == dtype
@@ -69,7 +69,7 @@ def test_to_hf_gives_the_same_logits(shape, dtype, atol):
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_generate_gives_the_same_tokens_as_hf_generate(shape):
     lm = _lm(torch.float64, **SHAPES[shape])
-    hf = lm.to_hf()
+    hf = mhbook.lm_to_hf(lm)
     prompt = _tokens(2, 5)
     ours = lm.generate(prompt, 12)
     theirs = hf.generate(
@@ -84,12 +84,12 @@ def test_generate_gives_the_same_tokens_as_hf_generate(shape):
 
 def test_save_pretrained_round_trips_through_auto_model(tmp_path):
     lm = _lm(torch.float64, num_kv_heads=2, tie_embeddings=True)
-    lm.to_hf(eos_token_id=3).save_pretrained(tmp_path)
+    mhbook.lm_to_hf(lm, eos_token_id=3).save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
     assert type(loaded) is LlamaForCausalLM and loaded.config.eos_token_id == 3
     tokens = _tokens()
     torch.testing.assert_close(loaded(tokens).logits, lm(tokens), rtol=0, atol=1e-10)
-    back = DecoderOnlyLM.from_hf(loaded)
+    back = mhbook.lm_from_hf(loaded)
     assert back.config == lm.config
     assert back.output.weight is back.embedding.weight  # still tied
     torch.testing.assert_close(back(tokens), lm(tokens), rtol=0, atol=1e-10)
@@ -113,7 +113,7 @@ def test_from_hf_of_a_random_model_decodes_with_the_cache_as_hf_runs_the_whole(k
         hf = LlamaForCausalLM(LlamaConfig(**common)).double().eval()
     else:
         hf = MistralForCausalLM(MistralConfig(sliding_window=5, **common)).double().eval()
-    ours = DecoderOnlyLM.from_hf(hf)
+    ours = mhbook.lm_from_hf(hf)
     assert ours.config.kv_heads == 2 and ours.config.rope_theta == 1000.0
     assert ours.config.window == (5 if kind == "mistral" else None)
     tokens = _tokens(2, 11)
@@ -139,12 +139,12 @@ REFUSED = {
 def test_to_hf_names_the_field_llama_cannot_express(field, value):
     lm = _lm(**{field: value})
     with pytest.raises(ValueError, match=rf"{field}={value!r} \(Llama has"):
-        lm.to_hf()
+        mhbook.lm_to_hf(lm)
 
 
 def test_to_hf_refuses_the_books_default_model_naming_every_field():
     with pytest.raises(ValueError) as info:
-        DecoderOnlyLM(ModelConfig(), VOCAB).to_hf()
+        mhbook.lm_to_hf(DecoderOnlyLM(ModelConfig(), VOCAB))
     for field in ("norm=", "ffn=", "bias=", "position=", "norm_first=", "scale_embeddings="):
         assert field in str(info.value)
 
@@ -153,7 +153,7 @@ def test_to_hf_refuses_a_set_head_mask():
     lm = _lm()
     lm.blocks[0].self_attn.head_mask = torch.ones(4, dtype=torch.float64)
     with pytest.raises(ValueError, match="head_mask"):
-        lm.to_hf()
+        mhbook.lm_to_hf(lm)
 
 
 @pytest.mark.parametrize(
@@ -183,8 +183,8 @@ def test_mha_from_hf_with_per_row_positions_of_a_left_padded_batch():
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     llama = LlamaAttention(config, layer_idx=0).double().eval()
-    ours = mhbook.MultiHeadAttention.from_hf(llama)
-    assert (ours.num_kv_heads, ours.rope.base, ours.W_q.bias is not None) == (3, 300.0, True)
+    ours = mhbook.attention_from_hf(llama)
+    assert (ours.num_kv_heads, ours.rope.rope_theta, ours.W_q.bias is not None) == (3, 300.0, True)
     x = torch.randn(2, 7, 48, dtype=torch.float64)
     pad = torch.tensor([3, 0])  # row 0 has three pads on the left
     real = torch.arange(7)[None] >= pad[:, None]  # (2, 7)

@@ -159,7 +159,7 @@ def test_lm_export_round_trips_within_float16(tmp_path):
 @pytest.mark.parametrize(
     "change, named",
     [({"norm_first": False}, "norm_first"), ({"norm": "layer"}, "norm"), ({"ffn": "gelu"}, "ffn"),
-     ({"position": "alibi"}, "position"), ({"bias": None}, "bias"), ({"bias": True}, "bias"),
+     ({"position": "alibi"}, "position"), ({"bias": True}, "bias"),
      ({"window": 8, "sinks": 2}, "sinks"), ({"window": 8, "global_every": 2}, "global_every"),
      ({"d_latent": 16, "num_kv_heads": None}, "d_latent"),
      ({"rope_scaling": mhbook.RopeScaling("linear", 2.0, 64)}, "rope_scaling")],
@@ -198,13 +198,76 @@ def test_the_lm_panel_is_deterministic_and_small():
     other = live.live_lm_html(url="elsewhere.json", prompt="JULIET:\n<b>").data
     assert f'"../_static/{live.LIVE_LM_FILE}"' in page and '"elsewhere.json"' in other
     ids = set(re.findall(r'id="([^"]+)"', page))
-    assert len(ids) == 7 and all(i.startswith("mhbook-live-lm-") for i in ids)
+    assert len(ids) == 8 and all(i.startswith("mhbook-live-lm-") for i in ids)
     assert ids.isdisjoint(re.findall(r'id="([^"]+)"', other))  # two panels on one page
     assert ">ROMEO:\n</textarea>" in page and "JULIET:\n&lt;b&gt;</textarea>" in other
     assert "function decoderOnlyLM" in page and "function loadWeights" in page
     assert '"tensors":' not in page and len(page) < 60_000  # the weights are fetched, not inlined
     translator = live.live_translator_html().data  # the shared code, once in each panel
     assert translator.count("function loadWeights") == 1 and "decoderOnlyLM" not in translator
+
+
+def test_the_lm_panel_opens_sampling_and_says_why():
+    """Greedy decoding loops ("the seen the seen ..."): the panel opens on chapter 14's
+    temperature, 0.8, with seed 0, and one line of help says why not 0."""
+    page = live.live_lm_html().data
+    slider = re.search(r'<input id="([^"]+)-temperature"[^>]*>', page).group(0)
+    assert 'value="0.8"' in slider and 'aria-describedby="' in slider
+    assert re.search(r'class="mhbook-live-lm-temperature-value"[^>]*>0\.8</output>', page)
+    assert re.search(r'class="mhbook-live-lm-seed"[^>]*value="0"', page)
+    why = re.search(r'class="mhbook-live-lm-help">(.*?)</p>', page, re.S).group(1)
+    assert "greedy" in why and "loops" in why
+    chapter = "\n".join(
+        c.source for c in nbformat.read(LM_CHAPTER, as_version=4).cells if c.cell_type == "code"
+    )
+    assert "for temperature in (0.5, 0.8, 1.0, 1.5)" in chapter and "manual_seed(0)" in chapter
+
+
+# ---- what the panels share: live_core.js, and the HTML templates
+
+STATIC = Path(live.__file__).parent / "static"
+SHARED = ("attendHeads", "addNorm", "argmax", "cacheBytes", "registerConsoleApi", "loadOnce",
+          "showError", "loadWeights", "linear", "softmax", "heatmap")  # fmt: skip
+
+
+def test_the_two_forwards_share_their_core():
+    """One head-by-head attention, one addNorm (post- or pre-norm, as AddNorm(norm_first=)),
+    one argmax, one cacheBytes, one load-on-open and console-API tail: live_core.js's, which
+    both panels carry once and neither panel's own script defines again."""
+    core = (STATIC / "live_core.js").read_text()
+    for name in SHARED:
+        assert f"function {name}(" in core, name
+        for own in ("live.js", "live_lm.js"):
+            assert not re.search(rf"\b(function|const|let) {name}\b", (STATIC / own).read_text()), (
+                f"{own} defines {name} again"
+            )
+    assert "function addNorm(x, sublayer, norm, normFirst)" in core
+    post, pre = ("norm(P, `${name}.addnorm1`, eps), " + b + ")" for b in ("false", "true"))
+    assert post in (STATIC / "live.js").read_text()  # the translator: post-norm
+    assert pre in (STATIC / "live_lm.js").read_text()  # the language model: pre-norm
+    for page in (live.live_translator_html().data, live.live_lm_html().data):
+        for name in SHARED:
+            assert page.count(f"function {name}(") == 1, name
+        assert page.count("window.mhbookLive = ") == 1
+
+
+def test_the_panels_are_templates_filled_safely():
+    """The panels' HTML is static/live.html and static/live_lm.html, filled by string.Template:
+    every placeholder filled, every value escaped (an attribute's quotes too), the templates'
+    notes to their readers left out."""
+    odd = '7" onfocus="alert(1)'
+    page = live.live_translator_html(example=odd).data
+    assert 'value="7&quot; onfocus=&quot;alert(1)"' in page and 'onfocus="alert' not in page
+    lm = live.live_lm_html(prompt="$uid ${uid} </textarea><b>").data
+    assert "$uid ${uid} &lt;/textarea&gt;&lt;b&gt;</textarea>" in lm
+    for name, built in (("live.html", page), ("live_lm.html", lm)):
+        template = (STATIC / name).read_text()
+        assert template.startswith("<!--") and "<!--" not in built.split("<script")[0]
+        body = template[template.index("-->") + 3 :]
+        for line in body.splitlines():
+            if "<" in line and "$" not in line:
+                assert line.strip() in built, line  # the rest is the template's, as it is
+        assert set(re.findall(r"\$\{?(\w+)", body)) <= {"uid", "example", "prompt"}
 
 
 def _lm_cells():

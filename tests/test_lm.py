@@ -107,7 +107,7 @@ def test_window_uses_a_rolling_cache_equal_to_the_window_mask(name):
     assert not torch.allclose(full, explicit(tokens))  # the window matters
     stepped, cache = _stepwise_logits(lm, tokens, (1,))
     torch.testing.assert_close(stepped, full, **CLOSE)
-    assert cache.window == window
+    assert all(block.self_attn.window == window for block in lm.blocks)  # the layer's
     assert all(layer.num_kept == window for layer in cache.layers)
     assert torch.equal(
         lm.generate(tokens[:, :2], 9), lm.generate(tokens[:, :2], 9, use_cache=False)
@@ -179,7 +179,7 @@ def test_parameter_count_and_attention_kind():
     assert isinstance(lm.blocks[0].self_attn, mhbook.MultiHeadAttention)
     assert lm.blocks[0].self_attn.num_kv_heads == 2
     d, ff = 16, 32
-    attn = 2 * d * d + 2 * d * 8  # W_q, W_o; W_k, W_v with 2 heads of 4
+    attn = 2 * d * d + 2 * d * 8 + 2 * d + 2 * 8  # W_q, W_o; W_k, W_v with 2 heads of 4
     block = attn + (d * ff + ff + ff * d + d) + 2 * 2 * d
     expected = VOCAB * d + 2 * block + 2 * d + (d * VOCAB + VOCAB)
     assert sum(p.numel() for p in lm.parameters()) == expected
@@ -207,8 +207,8 @@ def test_bad_inputs():
         lm(torch.tensor([[0, 23]]))
     with pytest.raises(TypeError, match="integer token ids"):
         lm(torch.zeros(1, 3))
-    with pytest.raises(ValueError, match="cache keeps window=4 tokens but the model attends to"):
-        lm(torch.zeros(1, 3, dtype=torch.long), cache=mhbook.KVCache(2, window=4))
+    with pytest.raises(TypeError, match="cache must be None or a mhbook.KVCache"):
+        lm(torch.zeros(1, 3, dtype=torch.long), cache=mhbook.LayerCache())
     with pytest.raises(ValueError, match="the model has 2 layers but the cache has 3"):
         lm(torch.zeros(1, 3, dtype=torch.long), cache=mhbook.KVCache(3))
     prompt = torch.zeros(1, 2, dtype=torch.long)

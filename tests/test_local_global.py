@@ -10,7 +10,7 @@ from helpers import CLOSE, EXACT
 from helpers import stepped as _stepped
 
 import mhbook
-from mhbook import DecoderOnlyLM, KVCache, LayerCache, ModelConfig
+from mhbook import DecoderOnlyLM, KVCache, LayerCache, ModelConfig, make_attention
 
 VOCAB, D_MODEL, NUM_KV_HEADS, D_HEAD = 23, 16, 2, 4
 
@@ -66,8 +66,10 @@ def test_full_forward_equals_cached_decoding(position, global_every, sinks):
 def test_local_caches_roll_and_global_ones_keep_everything():
     lm = _lm(position="rope", num_kv_heads=NUM_KV_HEADS, window=3, global_every=2, sinks=1)
     _, cache = _stepped(lm, _tokens(length=10))
-    assert cache.windows == (3, None, 3, None) and cache.window == 3
-    assert [layer.sinks for layer in cache.layers] == [1, 0, 1, 0]  # sinks: local layers
+    # Each layer is told its kind at construction; the cache holds only tensors.
+    attentions = [block.self_attn for block in lm.blocks]
+    assert [a.window for a in attentions] == [3, None, 3, None]
+    assert [a.sinks for a in attentions] == [1, 0, 1, 0]  # sinks: local layers
     assert [layer.num_kept for layer in cache.layers] == [4, 10, 4, 10]
     assert [layer.length for layer in cache.layers] == [10] * 4
     per_token = 2 * 2 * NUM_KV_HEADS * D_HEAD * 8  # (keys and values) x batch x heads x d x 8
@@ -80,20 +82,22 @@ def test_local_caches_roll_and_global_ones_keep_everything():
     assert local.nbytes == per_token * 4 * 4 < cache.nbytes < full.nbytes == per_token * 10 * 4
 
 
-def test_a_kv_cache_with_a_window_per_layer():
-    cache = KVCache(3, window=[2, None, 4], sinks=1)
-    assert cache.windows == (2, None, 4) and cache.sinks == 1
-    assert [(layer.window, layer.sinks) for layer in cache.layers] == [(2, 1), (None, 0), (4, 1)]
+def test_each_layer_tells_its_cache_what_to_keep():
+    cache = KVCache(3)
     k = torch.arange(7.0).view(1, 1, 7, 1)
-    for layer in cache.layers:
-        layer.update(k, k)
+    for layer, (window, sinks) in zip(cache.layers, [(2, 1), (None, 0), (4, 1)]):
+        layer.update(k, k, window=window, sinks=sinks)
     assert [layer.keys.flatten().tolist() for layer in cache.layers] == [
         [0.0, 5.0, 6.0],
         list(range(7)),
         [0.0, 3.0, 4.0, 5.0, 6.0],
     ]
-    assert KVCache(2, window=3).windows == (3, 3) and KVCache(2).windows == (None, None)
-    assert isinstance(cache.layers[1], LayerCache) and not cache.layers[1].streaming
+    assert isinstance(cache.layers[1], LayerCache) and not hasattr(cache.layers[1], "window")
+    config = ModelConfig(num_layers=4, window=3, global_every=2, sinks=1, position="rope")
+    kinds = [make_attention(config, layer=i) for i in range(4)]
+    assert [(a.window, a.sinks, a.streaming) for a in kinds] == [
+        (3, 1, True), (None, 0, False), (3, 1, True), (None, 0, False),
+    ]  # fmt: skip
 
 
 def test_meta_device():
@@ -117,11 +121,11 @@ def test_bad_input_is_refused_by_name():
     for bad in (1, 0, -2, True, 2.0):
         with pytest.raises(ValueError, match=r"ModelConfig.global_every must be an int >= 2"):
             ModelConfig(window=4, global_every=bad)
-    with pytest.raises(ValueError, match=r"one window per layer \(3\), got 2 windows: \[2, None\]"):
-        KVCache(3, window=[2, None])
+    with pytest.raises(ValueError, match=r"layer must be below ModelConfig.num_layers=2, got 2"):
+        make_attention(ModelConfig(window=4, global_every=2), layer=2)
     lm = _lm(window=3, global_every=2)
-    with pytest.raises(ValueError, match=r"cache keeps window=3 tokens but the model attends to "):
-        lm(_tokens(), cache=KVCache(4, window=3))
+    with pytest.raises(ValueError, match=r"the model has 4 layers but the cache has 3"):
+        lm(_tokens(), cache=KVCache(3))
     config = ModelConfig(
         norm="rms", ffn="swiglu", bias=False, position="rope", norm_first=True,
         scale_embeddings=False, window=4, global_every=2,

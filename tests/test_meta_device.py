@@ -54,7 +54,7 @@ def test_model_moved_to_meta():
 
 
 def test_cached_decoding_steps_on_meta():
-    """What greedy_decode does at each step, with the KV cache, minus the data-dependent stop."""
+    """What greedy generate does at each step, with the KV cache, minus the data-dependent stop."""
     model = _meta_model(False).eval()
     src, _, valid_lens = _meta_batch()
     with torch.no_grad():
@@ -71,11 +71,11 @@ def test_cached_decoding_steps_on_meta():
 
 
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
-def test_greedy_decode_on_meta(use_cache):
-    """Without values there is no early stop: it decodes max_len tokens."""
+def test_greedy_generate_on_meta(use_cache):
+    """Without values there is no early stop: it decodes max_new_tokens tokens."""
     model = _meta_model(False)
     src, _, valid_lens = _meta_batch()
-    out = model.greedy_decode(src, valid_lens, bos_id=1, eos_id=2, max_len=3, use_cache=use_cache)
+    out = model.generate(src, valid_lens, 3, bos_id=1, eos_id=2, use_cache=use_cache)
     assert out.device.type == "meta" and out.shape == (2, 3)
 
 
@@ -108,8 +108,8 @@ def test_blocks_from_torch_on_meta():
     with META:
         encoder_layer = torch.nn.TransformerEncoderLayer(D_MODEL, NUM_HEADS, 32, batch_first=True)
         decoder_layer = torch.nn.TransformerDecoderLayer(D_MODEL, NUM_HEADS, 32, batch_first=True)
-    encoder_block = mhbook.EncoderBlock.from_torch(encoder_layer)
-    decoder_block = mhbook.DecoderBlock.from_torch(decoder_layer)
+    encoder_block = mhbook.encoder_block_from_torch(encoder_layer)
+    decoder_block = mhbook.decoder_block_from_torch(decoder_layer)
     x = torch.randn(2, 5, D_MODEL, device=META)
     memory = encoder_block(x, mhbook.padding_mask(torch.full((2,), 5, device=META), 5))
     out = decoder_block(x[:, :3], memory, mhbook.causal_mask(3, device=META))

@@ -28,7 +28,7 @@ def test_equals_hugging_face_deepseek_v3_float64(
         rope_interleave=rope_interleave,
         attention_bias=attention_bias,
     )
-    ours = MultiHeadLatentAttention.from_hf(theirs)
+    ours = mhbook.mla_from_hf(theirs)
     ours.absorb = absorb
     # Hugging Face's RMSNorm computes in float32 even for float64 inputs; PyTorch's
     # nn.RMSNorm (the same formula) keeps float64, so that the comparison can be tight.
@@ -56,7 +56,7 @@ def test_equals_hugging_face_deepseek_v3_float64(
 
 def test_equals_hugging_face_float32_with_its_own_rotary_and_norms(hf_deepseek_attention):
     _, theirs, rotary = hf_deepseek_attention(torch.float32, q_lora_rank=16)
-    ours = MultiHeadLatentAttention.from_hf(theirs)
+    ours = mhbook.mla_from_hf(theirs)
     x = torch.randn(2, 9, D_MODEL)
     positions = torch.arange(9)[None]
     cos_sin = rotary(x, positions)

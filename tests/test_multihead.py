@@ -4,7 +4,7 @@ Against nn.MultiheadAttention(batch_first=True): weights copied both ways, forwa
 per-head weights and gradients; the fused and the explicit paths; head_mask; d_head, kdim
 and vdim. With fewer key/value heads (grouped-query and multi-query attention, and
 attend(..., bias=)): against PyTorch's SDPA with enable_gqa, Hugging Face's LlamaAttention
-(from_hf), explicit formulas, and itself with a KV cache."""
+(attention_from_hf), explicit formulas, and itself with a KV cache."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def _inputs(kind, dtype):
 
 def test_from_torch_copies_every_weight(dtype, torch_layout):
     theirs = _torch_mha(dtype)
-    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    ours = mhbook.attention_from_torch(theirs)
     assert all(p.dtype == dtype for p in ours.parameters())
     mine = torch_layout(dict(ours.named_parameters()))
     reference = dict(theirs.named_parameters())
@@ -77,7 +77,7 @@ def test_matches_torch_forward_weights_and_grads(
     kind, bias, masked, dtype, assert_close, assert_same_grads
 ):
     theirs = _torch_mha(dtype, bias)
-    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    ours = mhbook.attention_from_torch(theirs)
     query, key, value = _inputs(kind, dtype)
     num_keys = key.size(1)
     mask = mhbook.padding_mask(torch.tensor([num_keys, 2, 1]), num_keys) if masked else None
@@ -103,7 +103,7 @@ def test_matches_torch_forward_weights_and_grads(
 def test_matches_torch_fused_path(kind, dtype, assert_close):
     """``need_weights=False`` on both sides (PyTorch runs SDPA then, and so do we)."""
     theirs = _torch_mha(dtype)
-    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    ours = mhbook.attention_from_torch(theirs)
     query, key, value = _inputs(kind, dtype)
     mask = mhbook.padding_mask(torch.tensor([key.size(1), 3, 2]), key.size(1))
     out, weights = ours(query, key, value, mask)
@@ -115,7 +115,7 @@ def test_matches_torch_fused_path(kind, dtype, assert_close):
 def test_matches_torch_eval_fast_path(dtype, assert_close):
     """In eval mode without grad PyTorch takes its native fast path."""
     theirs = _torch_mha(dtype).eval()
-    ours = mhbook.MultiHeadAttention.from_torch(theirs).eval()
+    ours = mhbook.attention_from_torch(theirs).eval()
     x = _randn(3, 5, D_MODEL, dtype=dtype, seed=4).detach()
     mask = mhbook.padding_mask(torch.tensor([5, 3, 1]), 5)
     with torch.no_grad():
@@ -126,7 +126,7 @@ def test_matches_torch_eval_fast_path(dtype, assert_close):
 
 def test_causal_self_attention_matches_torch_attn_mask(dtype, assert_close):
     theirs = _torch_mha(dtype)
-    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    ours = mhbook.attention_from_torch(theirs)
     x, _, _ = _inputs("self", dtype)
     causal = mhbook.causal_mask(5)
     out, weights = ours(x, x, x, causal, need_weights=True)
@@ -140,7 +140,7 @@ def test_is_causal_self_attention_matches_torch(dtype, assert_close):
     """``is_causal=True`` builds no mask on the fused path; same result as PyTorch's layer
     given the causal mask (and the ``is_causal`` hint), forward and gradients."""
     theirs = _torch_mha(dtype)
-    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    ours = mhbook.attention_from_torch(theirs)
     x, _, _ = _inputs("self", dtype)
     out = ours(x, x, x, is_causal=True)[0]
     causal = mhbook.causal_mask(5)
@@ -157,7 +157,7 @@ def test_is_causal_self_attention_matches_torch(dtype, assert_close):
 def test_to_torch_round_trip(bias, dtype, assert_close):
     torch.manual_seed(5)
     ours = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, bias=bias).to(dtype)
-    theirs = ours.to_torch()
+    theirs = mhbook.attention_to_torch(ours)
     assert isinstance(theirs, nn.MultiheadAttention) and theirs.batch_first
     assert theirs.in_proj_weight.dtype == dtype
     assert (theirs.in_proj_bias is not None) == bias
@@ -165,7 +165,7 @@ def test_to_torch_round_trip(bias, dtype, assert_close):
     mask = mhbook.padding_mask(torch.tensor([7, 4, 2]), 7)
     expected, _ = theirs(query, key, value, key_padding_mask=~mask[:, 0, 0])
     assert_close(ours(query, key, value, mask)[0], expected)
-    again = mhbook.MultiHeadAttention.from_torch(theirs)
+    again = mhbook.attention_from_torch(theirs)
     for a, b in zip(ours.parameters(), again.parameters()):
         assert torch.equal(a, b)
 
@@ -431,7 +431,7 @@ def test_kdim_vdim_match_torch_forward_weights_and_grads(
 ):
     theirs = _torch_kv(dtype, bias)
     assert not theirs._qkv_same_embed_dim  # separate q/k/v_proj_weight
-    ours = mhbook.MultiHeadAttention.from_torch(theirs)
+    ours = mhbook.attention_from_torch(theirs)
     assert (ours.kdim, ours.vdim) == (KDIM, VDIM)
     query, key, value = _kv_inputs(dtype)
     mask = mhbook.padding_mask(torch.tensor([7, 3, 1]), 7)
@@ -464,7 +464,7 @@ def test_kdim_vdim_to_torch_and_back(bias, dtype, assert_close):
     torch.manual_seed(24)
     ours = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, bias=bias, kdim=KDIM, vdim=VDIM)
     ours = ours.to(dtype)
-    theirs = ours.to_torch()
+    theirs = mhbook.attention_to_torch(ours)
     assert (theirs.kdim, theirs.vdim, theirs.batch_first) == (KDIM, VDIM, True)
     assert theirs.in_proj_weight is None and theirs.k_proj_weight.shape == (D_MODEL, KDIM)
     assert theirs.q_proj_weight.dtype == dtype
@@ -472,7 +472,7 @@ def test_kdim_vdim_to_torch_and_back(bias, dtype, assert_close):
     mask = mhbook.padding_mask(torch.tensor([7, 4, 2]), 7)
     expected, _ = theirs(query, key, value, key_padding_mask=~mask[:, 0, 0])
     assert_close(ours(query, key, value, mask)[0], expected)
-    again = mhbook.MultiHeadAttention.from_torch(theirs)
+    again = mhbook.attention_from_torch(theirs)
     assert list(again.state_dict()) == list(ours.state_dict())
     for a, b in zip(ours.parameters(), again.parameters()):
         assert torch.equal(a, b)
@@ -482,9 +482,9 @@ def test_kdim_vdim_equal_to_d_model_is_the_packed_layout():
     """``kdim=vdim=d_model`` is PyTorch's packed ``in_proj_weight`` both ways."""
     torch.manual_seed(25)
     ours = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, kdim=D_MODEL, vdim=D_MODEL)
-    theirs = ours.to_torch()
+    theirs = mhbook.attention_to_torch(ours)
     assert theirs._qkv_same_embed_dim and theirs.in_proj_weight is not None
-    again = mhbook.MultiHeadAttention.from_torch(theirs)
+    again = mhbook.attention_from_torch(theirs)
     for a, b in zip(ours.parameters(), again.parameters()):
         assert torch.equal(a, b)
 
@@ -494,7 +494,7 @@ def test_custom_d_head_to_torch_when_heads_fill_d_model():
     torch.manual_seed(26)
     ours = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, d_head=D_MODEL // NUM_HEADS)
     x = _randn(2, 3, D_MODEL, dtype=torch.float32, seed=27)
-    expected, _ = ours.to_torch()(x, x, x)
+    expected, _ = mhbook.attention_to_torch(ours)(x, x, x)
     torch.testing.assert_close(ours(x, x, x)[0], expected)
 
 
@@ -528,12 +528,18 @@ def _gqa(num_kv_heads, dtype=torch.float64, seed=0, **kwargs):
 class _Rotate(nn.Module):
     """Rotate-half rotary embedding, written out here: ``x cos + rotate_half(x) sin``."""
 
+    d = D_MODEL // NUM_HEADS  # the heads' size
+
     def forward(self, x, positions):
-        d = x.size(-1)
-        inv_freq = 10000.0 ** (-torch.arange(0, d, 2, device=x.device, dtype=x.dtype) / d)
-        angles = positions.to(x.dtype)[:, None] * inv_freq  # (T, d/2)
-        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return self.rotate(x, *self.tables(positions))
+
+    def tables(self, positions):  # what a model computes once per forward pass
+        inv_freq = 10000.0 ** (-torch.arange(0, self.d, 2, device=positions.device) / self.d)
+        angles = positions.double()[:, None] * inv_freq  # (T, d/2)
+        return torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+    def rotate(self, x, cos, sin):
+        x1, x2 = x[..., : self.d // 2], x[..., self.d // 2 :]
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
@@ -653,14 +659,15 @@ def test_fixed_head_size():
     assert gqa(torch.zeros(1, 3, D_MODEL))[0].shape == (1, 3, D_MODEL)
 
 
-def _decode_step_by_step(gqa, x, window=None, chunks=(1,)):
-    """Feed ``x`` in pieces of the sizes in ``chunks`` (cycled) through a LayerCache."""
-    cache = mhbook.LayerCache(window)
+def _decode_step_by_step(gqa, x, chunks=(1,)):
+    """Feed ``x`` in pieces of the sizes in ``chunks`` (cycled) through a LayerCache; the
+    causal mask over the kept and new keys (a layer with a window adds its own)."""
+    cache = mhbook.LayerCache()
     outputs, start, i = [], 0, 0
     while start < x.size(1):
         size = min(chunks[i % len(chunks)], x.size(1) - start)
         new = x[:, start : start + size]
-        mask = mhbook.causal_mask(size, cache.num_kept + size, window=window)
+        mask = mhbook.causal_mask(size, cache.num_kept + size)
         outputs.append(gqa(new, mask=mask, cache=cache)[0])
         start, i = start + size, i + 1
     assert cache.length == x.size(1)
@@ -682,11 +689,15 @@ def test_cache_equals_full_causal_forward(num_kv_heads, position, chunks):
 
 @pytest.mark.parametrize("position", list(POSITIONS))
 def test_rolling_cache_equals_window_mask(position):
-    gqa = _gqa(2, **POSITIONS[position])
+    """A layer told its window at construction masks by it and keeps only it in its
+    cache: the same as a global layer given the window's mask."""
     x, window = seeded(2, 9, D_MODEL), 3
-    full, _ = gqa(x, mask=mhbook.causal_mask(9, window=window))
+    full, _ = _gqa(2, **POSITIONS[position])(x, mask=mhbook.causal_mask(9, window=window))
+    local = _gqa(2, **POSITIONS[position], window=window)
+    assert local.window == window and "window=3" in repr(local)
+    torch.testing.assert_close(local(x)[0], full, **EXACT)  # its own mask, no other
     for chunks in ((1,), (2, 4, 1)):
-        stepped, cache = _decode_step_by_step(gqa, x, window=window, chunks=chunks)
+        stepped, cache = _decode_step_by_step(local, x, chunks=chunks)
         torch.testing.assert_close(stepped, full, **EXACT)
         assert cache.num_kept == window and cache.length == 9
 
@@ -748,7 +759,7 @@ def test_gradients_flow_to_every_parameter():
 def _by_hand(theirs, config):
     """The weight mapping written out: q_proj, k_proj, v_proj, o_proj are W_q, W_k, W_v,
     W_o, and RoPE of the config's base rotates Llama's halves."""
-    rope = mhbook.RotaryEmbedding(theirs.head_dim, base=config.rope_parameters["rope_theta"])
+    rope = mhbook.RotaryEmbedding(theirs.head_dim, rope_theta=config.rope_parameters["rope_theta"])
     bias = theirs.q_proj.bias is not None
     ours = MultiHeadAttention(
         config.hidden_size,
@@ -773,7 +784,7 @@ def _by_hand(theirs, config):
 def test_from_hf_is_the_weight_mapping_by_hand(
     kind, num_kv_heads, hf_llama_attention, hf_mistral_attention
 ):
-    """MultiHeadAttention.from_hf, which the other tests against transformers use, copies
+    """mhbook.attention_from_hf, which the other tests against transformers use, copies
     the weights as the mapping written out does (Mistral: heads of 8 != d_model / h)."""
     if kind == "mistral":
         config, theirs, rotary = hf_mistral_attention(
@@ -787,10 +798,10 @@ def test_from_hf_is_the_weight_mapping_by_hand(
             rope_theta=500.0,
             bias=kind == "llama-bias",
         )
-    ours = MultiHeadAttention.from_hf(theirs)
+    ours = mhbook.attention_from_hf(theirs)
     by_hand = _by_hand(theirs, config)
     assert (ours.num_kv_heads, ours.d_head, ours.training) == (num_kv_heads, theirs.head_dim, False)
-    assert (ours.rope.base, ours.rope.interleaved) == (by_hand.rope.base, False)
+    assert (ours.rope.rope_theta, ours.rope.interleaved) == (by_hand.rope.rope_theta, False)
     assert ours.state_dict().keys() == by_hand.state_dict().keys()
     for name, tensor in by_hand.state_dict().items():
         assert torch.equal(ours.state_dict()[name], tensor), name
@@ -809,7 +820,7 @@ def test_equals_llama_attention_without_rotation(num_kv_heads, hf_llama_attentio
     """LlamaAttention takes the rotation as (cos, sin): cos = 1, sin = 0 is no rotation,
     so this checks the grouped heads alone (RoPE is checked in test_rope.py)."""
     _, llama, _ = hf_llama_attention(num_kv_heads, d_model=D_MODEL, num_heads=NUM_HEADS)
-    gqa = MultiHeadAttention.from_hf(llama)
+    gqa = mhbook.attention_from_hf(llama)
     gqa.rope = None  # the grouped heads alone
     x = seeded(2, 5, D_MODEL)
     d_head = D_MODEL // NUM_HEADS
@@ -822,7 +833,9 @@ def test_equals_llama_attention_without_rotation(num_kv_heads, hf_llama_attentio
 
 # -- errors and the meta device ----------------------------------------------------------------
 def test_num_heads_not_divisible_by_num_kv_heads():
-    with pytest.raises(ValueError, match=r"num_heads=4, num_kv_heads=3 \(num_heads % num_kv"):
+    with pytest.raises(
+        ValueError, match=r"divisible by num_kv_heads .*got num_heads=4, num_kv_heads=3$"
+    ):
         MultiHeadAttention(D_MODEL, 4, num_kv_heads=3)
 
 
@@ -873,11 +886,11 @@ def test_meta_device(position):
     assert out.device.type == "meta" and out.shape == (2, 5, D_MODEL)
     assert weights.shape == (2, NUM_HEADS, 5, 5)
     out.sum().backward()
-    cache = mhbook.LayerCache(window=3)
+    cache = mhbook.LayerCache()
     gqa.eval()
+    gqa.window = 3  # a local layer: its own mask, a rolling cache
     for step in range(4):
-        mask = mhbook.causal_mask(1, cache.num_kept + 1, device=meta, window=3)
-        y, _ = gqa(x[:, :1], mask=mask, cache=cache)
+        y, _ = gqa(x[:, :1], cache=cache)
         assert y.device.type == "meta" and cache.num_kept == min(step + 1, 3)
 
 

@@ -73,7 +73,7 @@ def test_matches_the_complex_number_form(interleaved):
     """The paper's form: each pair is a complex number multiplied by e^{i m theta}."""
     d = 10
     x, positions = seeded(2, 1, 5, d), torch.tensor([0, 3, 4, 10, 2])
-    rope = mhbook.RotaryEmbedding(d, base=500.0, interleaved=interleaved)
+    rope = mhbook.RotaryEmbedding(d, rope_theta=500.0, interleaved=interleaved)
     perm = torch.arange(d) if interleaved else interleaved_to_half(d)
     pairs = x[..., torch.argsort(perm)] if not interleaved else x  # back to adjacent pairs
     z = torch.view_as_complex(pairs.unflatten(-1, (d // 2, 2)).contiguous())
@@ -106,7 +106,7 @@ def test_equals_hugging_face_llama(dtype):
     position_ids = torch.tensor([list(range(9)), list(range(100, 109))])
     cos, sin = theirs(q, position_ids)
     q_hf, k_hf = apply_rotary_pos_emb(q, k, cos, sin)
-    ours = mhbook.RotaryEmbedding(16, base=500.0)
+    ours = mhbook.RotaryEmbedding(16, rope_theta=500.0)
     torch.testing.assert_close(ours(q, position_ids), q_hf, rtol=0, atol=1e-12)
     torch.testing.assert_close(ours(k, position_ids), k_hf, rtol=0, atol=1e-12)
     # (T,) positions: the same for every sequence of the batch.
@@ -135,8 +135,8 @@ def test_odd_d_head_says_why():
 
 
 def test_bad_base():
-    with pytest.raises(ValueError, match=r"base must be a number > 1\.0, got 1$"):
-        mhbook.RotaryEmbedding(8, base=1)
+    with pytest.raises(ValueError, match=r"rope_theta must be a number > 1\.0, got 1$"):
+        mhbook.RotaryEmbedding(8, rope_theta=1)
 
 
 def test_bad_inputs():
@@ -164,7 +164,7 @@ def test_gqa_with_rope_equals_llama_attention(num_kv_heads, hf_llama_attention):
     from transformers.masking_utils import create_causal_mask
 
     config, llama, llama_rope = hf_llama_attention(num_kv_heads)
-    ours = mhbook.MultiHeadAttention.from_hf(llama)
+    ours = mhbook.attention_from_hf(llama)
     assert isinstance(ours.rope, mhbook.RotaryEmbedding) and ours.num_kv_heads == num_kv_heads
     x = seeded(2, 7, 32, seed=7)
     for start in (0, 40):  # positions 0..6, then 40..46
@@ -185,7 +185,7 @@ def test_gqa_with_rope_decoding_equals_llama_with_its_cache(hf_llama_attention):
     from transformers import DynamicCache
 
     config, llama, llama_rope = hf_llama_attention(2)
-    ours = mhbook.MultiHeadAttention.from_hf(llama)
+    ours = mhbook.attention_from_hf(llama)
     x = seeded(1, 6, 32, seed=8)
     theirs_cache, our_cache = DynamicCache(config=config), mhbook.LayerCache()
     for t in range(6):
@@ -207,7 +207,7 @@ def test_the_default_base_is_llamas_10000():
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     rope = mhbook.RotaryEmbedding(16)
-    assert rope.base == 10000.0 and mhbook.ModelConfig().rope_theta == 10000.0
+    assert rope.rope_theta == 10000.0 and mhbook.ModelConfig().rope_theta == 10000.0
     config = LlamaConfig(hidden_size=64, num_attention_heads=4)  # head_dim 16, default theta
     x = torch.zeros(1, 7, 64)
     cos, sin = LlamaRotaryEmbedding(config)(x, torch.arange(7)[None])
@@ -215,4 +215,4 @@ def test_the_default_base_is_llamas_10000():
     torch.testing.assert_close(cos[0], torch.cat([angles.cos()] * 2, dim=-1), rtol=0, atol=0)
     torch.testing.assert_close(sin[0], torch.cat([angles.sin()] * 2, dim=-1), rtol=0, atol=0)
     layer = mhbook.make_attention(mhbook.ModelConfig(d_model=64, position="rope"))
-    assert layer.rope.base == 10000.0
+    assert layer.rope.rope_theta == 10000.0

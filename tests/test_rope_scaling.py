@@ -150,7 +150,7 @@ def test_to_hf_gives_the_same_logits_past_the_original_context(name):
     scaling = SCALINGS[name]
     lm = _lm(scaling)
     assert all(block.self_attn.rope.scaling == scaling for block in lm.blocks)
-    hf = lm.to_hf()
+    hf = mhbook.lm_to_hf(lm)
     assert type(hf) is LlamaForCausalLM
     rope_type = hf.config.rope_parameters["rope_type"]
     assert rope_type == {"linear": "linear", "ntk": "default"}.get(scaling.kind, "yarn")
@@ -164,7 +164,7 @@ def test_to_hf_gives_the_same_logits_past_the_original_context(name):
     assert (plain(tokens) - ours).abs().max() > 1e-3
     # Back from Hugging Face: linear and YaRN are the same config; NTK is the default
     # RoPE of the larger base, the same model.
-    back = DecoderOnlyLM.from_hf(hf)
+    back = mhbook.lm_from_hf(hf)
     if scaling.kind == "ntk":
         d = lm.config.d_head
         assert back.config.rope_scaling is None
@@ -177,7 +177,7 @@ def test_to_hf_gives_the_same_logits_past_the_original_context(name):
 def test_yarn_generates_hfs_tokens_past_the_original_context():
     """Greedy decoding with the KV cache, 20 tokens from a 4-token prompt, original context 6."""
     lm = _lm(SCALINGS["yarn, betas"])
-    hf = lm.to_hf()
+    hf = mhbook.lm_to_hf(lm)
     prompt = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(2))
     theirs = hf.generate(
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False,
@@ -195,8 +195,8 @@ def test_mha_from_hf_copies_the_scaling(kind):
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     llama = LlamaAttention(config, layer_idx=0).double().eval()
-    ours = mhbook.MultiHeadAttention.from_hf(llama)
-    assert ours.rope.scaling == RopeScaling(kind, 3.0, 8) and ours.rope.base == 1000.0
+    ours = mhbook.attention_from_hf(llama)
+    assert ours.rope.scaling == RopeScaling(kind, 3.0, 8) and ours.rope.rope_theta == 1000.0
     x, position_ids = seeded(2, 20, 32, seed=3), torch.arange(20)[None]
     mask = torch.zeros(20, 20, dtype=torch.float64).masked_fill(
         ~mhbook.causal_mask(20), float("-inf")

@@ -1,7 +1,6 @@
-"""Part V's shared model (mhbook.training.shakespeare_lm): trained once under a lock, loaded again,
-and
-exported as a Hugging Face checkpoint that ``transformers.pipeline`` runs to the same text
-and the same perplexity as mhbook."""
+"""Part V's shared model (mhbook.training.shakespeare_lm): trained once under a lock, loaded
+again, and exported as a Hugging Face checkpoint that ``transformers.pipeline`` runs to the
+same text and the same perplexity as mhbook."""
 
 import math
 
@@ -9,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhbook import DecoderOnlyLM, set_seed
+from mhbook import DecoderOnlyLM, lm_to_hf, set_seed
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_model
 
 TINY = SHAKESPEARE_MODEL.replace(d_model=32, num_layers=2, d_ff=64)
@@ -31,11 +30,12 @@ def test_the_model_is_a_llama_at_nanogpts_size():
 
 def test_trained_once_then_loaded(tmp_path):
     path = tmp_path / "lm.pt"
-    model, data, chars, history = shakespeare_model(
+    model, data, history = shakespeare_model(
         path, config=TINY, train=FEW_STEPS, progress=False, device="cpu"
     )
     assert path.exists() and len(history["loss"]) == 30
-    again, _, _, history2 = shakespeare_model(
+    assert data.tokenizer.vocab_size == model.vocab_size  # the data carries its tokenizer
+    again, _, history2 = shakespeare_model(
         path, config=TINY, train=FEW_STEPS, progress=False, device="cpu"
     )
     for a, b in zip(model.state_dict().values(), again.state_dict().values()):
@@ -53,10 +53,11 @@ def test_trained_once_then_loaded(tmp_path):
 def exported(tmp_path_factory):
     """A small trained model, its tokenizer, and both saved as one Hugging Face folder."""
     folder = tmp_path_factory.mktemp("hf")
-    model, data, chars, _ = shakespeare_model(
+    model, data, _ = shakespeare_model(
         None, config=TINY, train=FEW_STEPS.replace(num_steps=60), progress=False, device="cpu"
     )
-    model.to_hf().save_pretrained(folder)
+    chars = data.tokenizer
+    lm_to_hf(model).save_pretrained(folder)
     chars.to_hf().save_pretrained(folder)
     return model, data, chars, folder
 

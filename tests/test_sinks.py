@@ -4,6 +4,7 @@ within the cache, not at their text positions."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -84,26 +85,26 @@ def _numbered(start, stop):
 
 @pytest.mark.parametrize("chunks", [(1,), (3, 1, 4)], ids=["one-by-one", "chunks"])
 def test_the_cache_keeps_the_sinks_and_the_last_window(chunks):
-    cache, start, i = LayerCache(window=3, sinks=2), 0, 0
+    cache, start, i = LayerCache(), 0, 0
     while start < 13:
         size = min(chunks[i % len(chunks)], 13 - start)
         k = _numbered(start, start + size)
-        keys, _ = cache.update(k, k)
+        keys, _ = cache.update(k, k, window=3, sinks=2)  # as a layer with sinks updates it
         seen = list(range(start + size))
         kept = seen if len(seen) <= 5 else seen[:2] + seen[-3:]
         assert cache.keys[0, 0, :, 0].tolist() == kept
         returned = seen if start <= 5 else seen[:2] + seen[start - 3 :]
         assert keys[0, 0, :, 0].tolist() == returned  # the kept ones, then the new ones
         start, i = start + size, i + 1
-    assert cache.length == 13 and cache.num_kept == 5 and cache.streaming
+    assert cache.length == 13 and cache.num_kept == 5
     assert cache.nbytes == 2 * 5 * 2 * 8  # keys and values, 5 tokens, 2 features, float64
-    assert "window=3, sinks=2" in repr(cache)
+    assert "window" not in repr(cache)  # the cache holds tensors, not the layer's kind
 
 
 def test_the_cache_of_a_model_keeps_sinks_plus_window_tokens():
     lm = _lm(position="rope", num_kv_heads=NUM_KV_HEADS, window=3, sinks=2)
     _, cache = _stepped(lm, _tokens(length=11))
-    assert cache.sinks == 2 and cache.windows == (3, 3)
+    assert all((b.self_attn.window, b.self_attn.sinks) == (3, 2) for b in lm.blocks)
     assert all(layer.num_kept == 5 and layer.length == 11 for layer in cache.layers)
     # 2 layers x (keys and values) x batch 2 x 2 key/value heads x 5 tokens x 4 x 8 bytes
     assert cache.nbytes == 2 * 2 * 2 * NUM_KV_HEADS * 5 * D_HEAD * 8
@@ -142,20 +143,24 @@ def test_one_layer_equals_streamingllm_written_out(position, chunks):
     extra = {"rope": mhbook.RotaryEmbedding(D_HEAD), "alibi": mhbook.ALiBi(NUM_HEADS)}
     torch.manual_seed(0)
     layer = MultiHeadAttention(
-        D_MODEL, NUM_HEADS, num_kv_heads=NUM_KV_HEADS, bias=False, **{position: extra[position]}
-    ).double()
+        D_MODEL, NUM_HEADS, num_kv_heads=NUM_KV_HEADS, bias=False, **{position: extra[position]},
+        window=window, sinks=sinks,
+    ).double()  # fmt: skip
+    assert layer.streaming
     x = seeded(2, length, D_MODEL, seed=4)
     expected = _reference(layer, x, window, sinks)
-    cache, outputs, start, i = LayerCache(window, sinks), [], 0, 0
+    torch.testing.assert_close(layer(x)[0], expected, **EXACT)  # no cache: the same
+    cache, outputs, start, i = LayerCache(), [], 0, 0
     while start < length:
         size = min(chunks[i % len(chunks)], length - start)
-        mask = mhbook.causal_mask(size, cache.num_kept + size, window=window, sinks=sinks)
-        outputs.append(layer(x[:, start : start + size], mask=mask, cache=cache)[0])
+        outputs.append(layer(x[:, start : start + size], cache=cache)[0])
         start, i = start + size, i + 1
     torch.testing.assert_close(torch.cat(outputs, dim=1), expected, **EXACT)
     assert cache.num_kept == sinks + window
     # The text positions give another output (the sinks are farther than sinks + window).
-    at_text_positions, _ = layer(x, mask=mhbook.causal_mask(length, window=window, sinks=sinks))
+    at_text = copy.deepcopy(layer)
+    at_text.window, at_text.sinks = None, 0
+    at_text_positions, _ = at_text(x, mask=mhbook.causal_mask(length, window=window, sinks=sinks))
     assert not torch.allclose(at_text_positions[:, -1], expected[:, -1])
     torch.testing.assert_close(at_text_positions[:, :5], expected[:, :5], **EXACT)
 
@@ -186,8 +191,10 @@ def test_the_last_token_sees_only_its_sinks_and_its_window():
     torch.testing.assert_close(lm(long)[:, -1], lm(short)[:, -1], **EXACT)
     x = lm.embedding(long)
     layer = lm.blocks[0].self_attn
-    text, _ = layer(x, mask=mhbook.causal_mask(20, window=3, sinks=2))
-    within, _ = layer(x, mask=mhbook.causal_mask(20, window=3, sinks=2), cache=LayerCache(3, 2))
+    within, _ = layer(x)
+    at_text = copy.deepcopy(layer)
+    at_text.window, at_text.sinks = None, 0
+    text, _ = at_text(x, mask=mhbook.causal_mask(20, window=3, sinks=2))
     assert not torch.allclose(text[:, -1], within[:, -1])
 
 
@@ -229,21 +236,24 @@ def test_bad_input_is_refused_by_name():
         ModelConfig(window=4, sinks=-1)
     with pytest.raises(ValueError, match="ModelConfig.sinks must be an int >= 0, got True"):
         ModelConfig(window=4, sinks=True)
-    with pytest.raises(ValueError, match="sinks=1 needs a window"):
-        LayerCache(sinks=1)
+    k = torch.zeros(1, 1, 1, 2)
+    # One rule, one message, wherever it is checked.
+    for refuse in (
+        lambda: LayerCache().update(k, k, sinks=1),
+        lambda: mhbook.causal_mask(4, sinks=1),
+        lambda: MultiHeadAttention(8, 2, sinks=1),
+    ):
+        with pytest.raises(ValueError, match="^sinks=1 needs a sliding window"):
+            refuse()
     with pytest.raises(ValueError, match="sinks must be an int >= 0, got -1"):
-        LayerCache(4, sinks=-1)
-    with pytest.raises(ValueError, match="sinks=1 needs a window"):
-        mhbook.causal_mask(4, sinks=1)
-    with pytest.raises(ValueError, match="sinks=2 needs a window in some layer"):
-        KVCache(2, sinks=2)
+        LayerCache().update(k, k, window=4, sinks=-1)
     with pytest.raises(ValueError, match="ModelConfig.sinks=1 with d_latent=8 and position='rope'"):
         _lm(window=4, sinks=1, d_latent=8, position="rope")
     lm = _lm(position="rope", window=2, sinks=1)
     with pytest.raises(ValueError, match="positions: with sinks"):
         lm(_tokens(), positions=torch.arange(9))
-    with pytest.raises(ValueError, match=r"cache keeps window=2 tokens but the model attends to "):
-        lm(_tokens(), cache=KVCache(2, window=2))
+    with pytest.raises(ValueError, match=r"the model has 2 layers but the cache has 1"):
+        lm(_tokens(), cache=KVCache(1))
 
 
 def test_hugging_face_has_no_sinks():

@@ -1,4 +1,5 @@
-"""Training, evaluation, checkpoints and the book's model (mhbook.training.train), on the CPU.
+"""Training (mhbook.training.trainer), evaluation, checkpoints and the book's model
+(mhbook.training.translation, mhbook.training.checkpoints), on the CPU.
 
 One test trains long enough to check accuracy (:data:`SHORT_CONFIG`, a few seconds);
 the plumbing tests train :data:`TINY_CONFIG` for a dozen steps.
@@ -14,27 +15,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import mhbook.training.train as train_module
+import mhbook.training.translation as translation_module
 from mhbook.core.config import BOOK_CONFIG, FAST_CONFIG, TrainConfig
 from mhbook.core.utils import save_checkpoint, set_seed
 from mhbook.tasks.bleu import corpus_bleu, exact_match, translation_scores
-from mhbook.tasks.numbers import NumberTranslation, english_words, french_words, tokenize
-from mhbook.training.train import (
+from mhbook.tasks.numbers import (
+    NumberTranslation,
+    english_words,
+    french_words,
+    sequence_loss,
+    tokenize,
+    translation_loss,
+)
+from mhbook.training.checkpoints import TrainedModel
+from mhbook.training.trainer import (
     TrainingLog,
-    book_model,
     cpu_threads,
-    evaluate,
     fit,
-    load_model,
     lr_lambda,
-    make_data,
-    make_model,
     make_optimizer,
     make_scheduler,
-    sequence_loss,
-    translation_loss,
     valid_loss,
 )
+from mhbook.training.translation import book_model, evaluate, load_model, make_data, make_model
 
 HISTORY_KEYS = {"step", "loss", "lr", "tokens_per_s", "valid_step", "valid_loss", "time_s"}
 
@@ -315,8 +318,35 @@ def test_fit_trains_another_model_with_its_own_loss():
     assert history["valid_step"] == [20, 40]
     assert history["loss"][0] > 1.0 and history["valid_loss"][-1] < 0.1
     assert valid_loss(model, data, loss_fn=next_token_loss) == history["valid_loss"][-1]
-    with pytest.raises(TypeError, match="tgt_vocab"):
+    with pytest.raises(TypeError, match="CountingSequences has no loss_fn"):
         fit(model, data, config)
+    with pytest.raises(TypeError, match="no loss_fn"):
+        valid_loss(model, data)
+
+
+def test_fit_takes_the_loss_from_the_data_and_smooths_only_training():
+    """No loss_fn: fit and valid_loss use ``data.loss_fn``; label_smoothing reaches the
+    training steps as ``loss_fn(..., label_smoothing=...)``, never validation."""
+    seen = []
+
+    class WithLoss(CountingSequences):
+        def loss_fn(self, model, batch, label_smoothing=0.0):
+            seen.append(label_smoothing)
+            x, y = batch
+            logits = model(x)
+            loss = F.cross_entropy(
+                logits.flatten(0, 1), y.flatten(), label_smoothing=label_smoothing
+            )
+            return loss, y.numel()
+
+    data = WithLoss()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(8, 16), nn.Linear(16, 8))
+    config = TrainConfig(num_steps=4, batch_size=16, warmup_steps=1, eval_every=4)
+    fit(model, data, config, label_smoothing=0.1, progress=False)
+    assert seen == [0.1] * 4 + [0.0]  # 4 training steps, then one validation batch
+    valid_loss(model, data, batch_size=16)
+    assert seen[-1] == 0.0
 
 
 @pytest.mark.cuda
@@ -360,9 +390,9 @@ def test_load_model_from_the_checkpoint_alone(tmp_path, tiny_data):
 
 def test_book_model_is_deterministic_and_checkpointed(tmp_path, capsys):
     path = tmp_path / "sub" / "tiny.pt"
-    model1, data, history1 = book_model(
-        device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG
-    )
+    trained = book_model(device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG)
+    assert isinstance(trained, TrainedModel)
+    model1, data, history1 = trained
     assert path.exists() and not model1.training
     assert set(history1) == HISTORY_KEYS
     # Same seed, same weights.
@@ -434,7 +464,7 @@ def test_book_model_waits_for_a_training_elsewhere(tmp_path, monkeypatch):
     path = tmp_path / "tiny.pt"
     trained, _, _ = book_model(device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG)
     calls = []
-    monkeypatch.setattr(train_module, "fit", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(translation_module, "fit", lambda *a, **k: calls.append(1))
     result = {}
     with open(f"{path}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" is training
@@ -462,8 +492,10 @@ def test_book_model_retrain_trains_over_a_good_checkpoint(tmp_path, monkeypatch)
     book_model(device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG)
     written = path.stat().st_mtime_ns
     calls = []
-    real_fit = train_module.fit
-    monkeypatch.setattr(train_module, "fit", lambda *a, **k: calls.append(1) or real_fit(*a, **k))
+    real_fit = translation_module.fit
+    monkeypatch.setattr(
+        translation_module, "fit", lambda *a, **k: calls.append(1) or real_fit(*a, **k)
+    )
     book_model(device="cpu", checkpoint=path, progress=False, config=TINY_CONFIG)
     assert calls == []
     _, _, history = book_model(

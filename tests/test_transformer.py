@@ -159,10 +159,10 @@ def test_greedy_decode_cache_gives_identical_tokens(seed, norm_first, dtype):
     # ... and both are what teacher forcing on their own output predicts.
     tgt_in = torch.cat([torch.full((3, 1), BOS), cached[:, :-1]], dim=1)
     assert torch.equal(model(src, tgt_in, valid_lens).argmax(-1), cached)
-    # greedy_decode is generate: the same tokens up to each sequence's <eos>, then <eos>.
+    # With an <eos>: the same tokens up to each sequence's <eos>, then <eos>, cache or not.
     eos = int(cached[0, 3])
     for use_cache in (True, False):
-        out = model.greedy_decode(src, valid_lens, BOS, eos, max_len=8, use_cache=use_cache)
+        out = model.generate(src, valid_lens, 8, bos_id=BOS, eos_id=eos, use_cache=use_cache)
         assert torch.equal(out, model.generate(src, valid_lens, 8, bos_id=BOS, eos_id=eos))
         for b in range(3):
             hits = (cached[b] == eos).nonzero()
@@ -177,7 +177,7 @@ def test_greedy_decode_respects_max_len_and_restores_mode():
         out = _free(model, src, valid_lens, max_len)
         assert out.shape == (3, max_len)
         assert model.training
-        out = model.greedy_decode(src, valid_lens, BOS, EOS, max_len)
+        out = model.generate(src, valid_lens, max_len, bos_id=BOS, eos_id=EOS)
         assert out.size(0) == 3 and 1 <= out.size(1) <= max_len
         assert model.training
 
@@ -188,7 +188,7 @@ def test_greedy_decode_stops_when_every_sequence_ended():
     with torch.no_grad():
         model.decoder.output.bias[EOS] = 1e3  # <eos> always wins
     for use_cache in (True, False):
-        out = model.greedy_decode(src, valid_lens, BOS, EOS, 10, use_cache=use_cache)
+        out = model.generate(src, valid_lens, 10, bos_id=BOS, eos_id=EOS, use_cache=use_cache)
         assert torch.equal(out, torch.full((3, 1), EOS))
 
 
@@ -200,7 +200,7 @@ def test_greedy_decode_fills_after_eos(use_cache):
     src, _, valid_lens = _batch()
     free = _free(model, src, valid_lens, 8, use_cache=use_cache)
     eos = int(free[0, 0])
-    out = model.greedy_decode(src, valid_lens, BOS, eos, 8, use_cache=use_cache)
+    out = model.generate(src, valid_lens, 8, bos_id=BOS, eos_id=eos, use_cache=use_cache)
     ends = []
     for b in range(3):
         hits = (free[b] == eos).nonzero()

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 import mhbook  # noqa: E402
 from mhbook.tasks.numbers import NumberTranslation, detokenize, tokenize  # noqa: E402
-from mhbook.training.train import valid_loss  # noqa: E402
+from mhbook.training.trainer import valid_loss  # noqa: E402
 from mhbook.viz import attention_records as analysis  # noqa: E402
 from mhbook.viz.explorers import svg, viewer  # noqa: E402
 

@@ -3,6 +3,8 @@ MistralAttention with its sliding-window mask and cache."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from helpers import CLOSE, EXACT, seeded
@@ -34,7 +36,7 @@ def test_window_mask_equals_transformers(window, length, hf_mistral_attention):
 @pytest.mark.parametrize("window", [2, 3, 16])
 def test_gqa_with_window_equals_mistral_attention(window, hf_mistral_attention):
     config, mistral, mistral_rope = hf_mistral_attention(window)
-    ours = mhbook.MultiHeadAttention.from_hf(mistral)
+    ours = mhbook.attention_from_hf(mistral)
     x, length = seeded(2, 9, D_MODEL, seed=1), 9
     position_ids = torch.arange(length)[None]
     mask = create_sliding_window_causal_mask(
@@ -51,9 +53,10 @@ def test_rolling_cache_equals_mistral_with_its_sliding_cache(hf_mistral_attentio
     last window (one more)."""
     window, length = 3, 10
     config, mistral, mistral_rope = hf_mistral_attention(window)
-    ours = mhbook.MultiHeadAttention.from_hf(mistral)
+    ours = mhbook.attention_from_hf(mistral)
+    ours.window = window  # a local layer, as make_attention(config, layer=i) builds it
     x = seeded(1, length, D_MODEL, seed=2)
-    theirs_cache, our_cache = DynamicCache(config=config), mhbook.LayerCache(window)
+    theirs_cache, our_cache = DynamicCache(config=config), mhbook.LayerCache()
     for t in range(length):
         step, position_ids = x[:, t : t + 1], torch.tensor([[t]])
         mask = create_sliding_window_causal_mask(
@@ -63,20 +66,20 @@ def test_rolling_cache_equals_mistral_with_its_sliding_cache(hf_mistral_attentio
             step, position_embeddings=mistral_rope(step, position_ids), attention_mask=mask,
             past_key_values=theirs_cache,
         )  # fmt: skip
-        our_mask = mhbook.causal_mask(1, our_cache.num_kept + 1, window=window)
-        mine, _ = ours(step, mask=our_mask, cache=our_cache)
+        mine, _ = ours(step, cache=our_cache)  # the layer masks by its window itself
         torch.testing.assert_close(mine, theirs, **CLOSE)
         assert our_cache.num_kept == min(t + 1, window)
         assert theirs_cache.layers[0].keys.size(2) == min(t + 1, window - 1)
     torch.testing.assert_close(our_cache.keys[:, :, 1:], theirs_cache.layers[0].keys, **EXACT)
 
 
-def _step_by_step(gqa, x, window, chunks):
-    cache, outputs, start, i = mhbook.LayerCache(window), [], 0, 0
+def _step_by_step(gqa, x, chunks):
+    """Through a LayerCache; the causal mask (a layer with a window adds its own)."""
+    cache, outputs, start, i = mhbook.LayerCache(), [], 0, 0
     nbytes = []
     while start < x.size(1):
         size = min(chunks[i % len(chunks)], x.size(1) - start)
-        mask = mhbook.causal_mask(size, cache.num_kept + size, window=window)
+        mask = mhbook.causal_mask(size, cache.num_kept + size)
         outputs.append(gqa(x[:, start : start + size], mask=mask, cache=cache)[0])
         nbytes.append(cache.nbytes)
         start, i = start + size, i + 1
@@ -95,9 +98,12 @@ def test_rolling_cache_equals_full_attention_with_the_window_mask(position, chun
         D_MODEL, NUM_HEADS, num_kv_heads=NUM_KV_HEADS, bias=False, **extra.get(position, {})
     )
     gqa = gqa.double().eval()
+    local = copy.deepcopy(gqa)
+    local.window = window  # told its kind: a local layer of window 4
     x = seeded(2, length, D_MODEL, seed=3)
     full, _ = gqa(x, mask=mhbook.causal_mask(length, window=window))
-    stepped, cache, nbytes = _step_by_step(gqa, x, window, chunks)
+    torch.testing.assert_close(local(x)[0], full, **EXACT)
+    stepped, cache, nbytes = _step_by_step(local, x, chunks)
     torch.testing.assert_close(stepped, full, **EXACT)
     # Full attention differs: the window matters on this input.
     assert not torch.allclose(stepped, gqa(x, mask=mhbook.causal_mask(length))[0])
@@ -111,5 +117,5 @@ def test_without_a_window_the_cache_grows():
     torch.manual_seed(0)
     gqa = mhbook.MultiHeadAttention(D_MODEL, NUM_HEADS, num_kv_heads=NUM_KV_HEADS, bias=False)
     gqa = gqa.double().eval()
-    _, cache, nbytes = _step_by_step(gqa, seeded(1, 6, D_MODEL), None, (1,))
+    _, cache, nbytes = _step_by_step(gqa, seeded(1, 6, D_MODEL), (1,))
     assert nbytes == [2 * NUM_KV_HEADS * t * D_HEAD * 8 for t in range(1, 7)]

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from ..core.validate import check_int
+from ..core.validate import check_int, check_integers
 
 __all__ = ["alibi_slopes", "ALiBi"]
 
@@ -93,8 +93,7 @@ class ALiBi(nn.Module):
                 raise ValueError(
                     f"{name} must be a tensor of positions (T,) or (batch, T), got {got}"
                 )
-            if p.is_floating_point() or p.is_complex() or p.dtype == torch.bool:
-                raise TypeError(f"{name} must hold integers, got dtype {p.dtype}")
+            check_integers(name, p)
         if q_positions.device != k_positions.device:
             raise ValueError(
                 f"q_positions and k_positions must be on the same device, got "

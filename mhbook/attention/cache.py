@@ -12,21 +12,22 @@ again at every step::
     cache.layers[0].keys.shape    # (batch, num_heads, length, d_head)
     cache.nbytes                  # bytes held by all the cached tensors
 
-A :class:`KVCache` is a list of :class:`LayerCache`, one per decoder layer, each with
-its layer's window: local layers roll, global ones keep everything (Gemma 2's and 3's
-interleaved layers, ``KVCache(4, window=[2, None, 2, None])``). A layer cache holds
+A :class:`KVCache` is a list of :class:`LayerCache`, one per decoder layer. It holds
+tensors, lengths and positions, and no attention configuration: each attention layer
+knows its own window and tells its cache what to keep when it updates it, so local
+layers roll and global ones keep everything (Gemma 2's and 3's interleaved layers).
+A layer cache holds
 
 * ``keys`` and ``values`` ``(batch, h_kv, S, d_head)`` of self-attention, which grow by
   the new tokens at every step (:meth:`LayerCache.update`). ``h_kv`` may be smaller than
   the number of query heads (grouped-query attention);
 * or, for multi-head latent attention, one ``latent`` ``(batch, S, d_latent)`` per
   token instead of keys and values (:meth:`LayerCache.update_latent`);
-* ``length``: how many tokens it has seen. With a ``window`` it keeps only the keys and
-  values of the last ``window`` tokens (a rolling cache for sliding-window attention),
-  but ``length`` still counts every token, so that it stays the next token's position.
-  With ``sinks`` as well it also keeps the first ``sinks`` tokens for good (attention
-  sinks, Xiao et al., 2023); the layer then places the keys *within the cache*, see
-  :attr:`LayerCache.streaming`;
+* ``length``: how many tokens it has seen. An update with a ``window`` keeps only the
+  keys and values of the last ``window`` tokens (a rolling cache for sliding-window
+  attention), but ``length`` still counts every token, so that it stays the next token's
+  position. With ``sinks`` as well it also keeps the first ``sinks`` tokens for good
+  (attention sinks, Xiao et al., 2023);
 * ``memory_keys`` and ``memory_values`` ``(batch, h, S_src, d_head)``: in an
   encoder-decoder, the encoder output projected once by the cross-attention's ``W_k``
   and ``W_v``, on the first step (``None`` in a decoder-only model).
@@ -39,28 +40,22 @@ the original as it was.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 
 import torch
 
-from ..core.validate import check_int
+from ..core.validate import check_int, check_window
 
 __all__ = ["LayerCache", "KVCache"]
 
 
 class LayerCache:
-    """The cache of one decoder layer.
-
-    Args:
-        window: ``None`` to keep every token's keys and values, or keep only those of
-            the last ``window`` tokens.
-        sinks: with a ``window``, also keep the first ``sinks`` tokens for good
-            (StreamingLLM's attention sinks): ``S <= sinks + window``, the sinks first.
+    """The cache of one decoder layer: tensors, the length and positions. What it keeps
+    of them is what its layer says at each :meth:`update` (its ``window`` and ``sinks``).
 
     Attributes:
         keys, values: ``(batch, h_kv, S, d_head)`` self-attention keys and values of
             the tokens kept (``S <= sinks + window``), or ``None`` before the first step.
-            With :attr:`streaming`, keys before RoPE.
+            Keys before RoPE for a layer with sinks (it positions them within the cache).
         latent: ``(batch, S, d_latent)`` instead of keys and values (latent attention).
         length: tokens seen so far, kept or not.
         memory_keys, memory_values: ``(batch, h_kv, S_src, d_head)``, the projected encoder
@@ -73,15 +68,7 @@ class LayerCache:
     attention cannot share the tokens' history, and each refuses a cache the other filled.
     """
 
-    def __init__(self, window: int | None = None, sinks: int = 0):
-        check_int("window", window, 1, optional=True)
-        check_int("sinks", sinks, 0)
-        if sinks and window is None:
-            raise ValueError(
-                f"sinks={sinks} needs a window: without one the cache keeps every token"
-            )
-        self.window = window
-        self.sinks = sinks
+    def __init__(self):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.latent: torch.Tensor | None = None
@@ -91,7 +78,13 @@ class LayerCache:
         self.positions: torch.Tensor | None = None
 
     def update(
-        self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        window: int | None = None,
+        sinks: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the keys and values of new tokens.
 
@@ -101,6 +94,10 @@ class LayerCache:
             positions: ``None``, or the new tokens' integer positions ``(T,)`` or
                 ``(batch, T)``, kept beside the keys in ``positions`` (pass them at
                 every call or at none).
+            window: the updating layer's sliding window: keep only the last ``window``
+                tokens for the next call; ``None``: keep every token.
+            sinks: with a ``window``, also keep the first ``sinks`` tokens for good
+                (StreamingLLM's attention sinks): ``S <= sinks + window``, the sinks first.
 
         Returns:
             ``(keys, values)`` ``(batch, h_kv, S + T, ...)``: the kept ones followed by
@@ -110,6 +107,7 @@ class LayerCache:
             new tokens needs older keys than the last one. Mask them with
             ``causal_mask(T, S + T, window=window, sinks=sinks)``.)
         """
+        check_window(window, sinks)
         self._refuse_mixing("keys and values", self.latent, "a latent")
         _check_new("k", k, 4, self.keys)
         _check_new("v", v, 4, self.values)
@@ -124,9 +122,10 @@ class LayerCache:
                 f"holds {'no ' if self.positions is None else ''}positions of its keys"
             )
         if positions is not None:
-            self.positions = self._trim(_append_positions(self.positions, positions), dim=-1)
+            positions = _append_positions(self.positions, positions)
+            self.positions = _trim(positions, -1, window, sinks)
         keys, values = _append(self.keys, k, dim=2), _append(self.values, v, dim=2)
-        self.keys, self.values = self._trim(keys, dim=2), self._trim(values, dim=2)
+        self.keys, self.values = _trim(keys, 2, window, sinks), _trim(values, 2, window, sinks)
         self.length += k.size(2)
         return keys, values
 
@@ -138,13 +137,17 @@ class LayerCache:
             self.memory_keys, self.memory_values = project()
         return self.memory_keys, self.memory_values
 
-    def update_latent(self, c: torch.Tensor) -> torch.Tensor:
+    def update_latent(
+        self, c: torch.Tensor, *, window: int | None = None, sinks: int = 0
+    ) -> torch.Tensor:
         """Add the latents ``(batch, T, d_latent)`` of new tokens (latent attention);
-        return all kept ones followed by the new ones, as :meth:`update` does."""
+        return all kept ones followed by the new ones, and keep what ``window`` and
+        ``sinks`` say, as :meth:`update` does."""
+        check_window(window, sinks)
         self._refuse_mixing("a latent", self.keys, "keys and values")
         _check_new("c", c, 3, self.latent)
         latent = _append(self.latent, c, dim=1)
-        self.latent = self._trim(latent, dim=1)
+        self.latent = _trim(latent, 1, window, sinks)
         self.length += c.size(1)
         return latent
 
@@ -155,27 +158,6 @@ class LayerCache:
                 "as well: one cache per kind of attention (keys and values for multi-head "
                 "attention, a latent for latent attention)"
             )
-
-    def _trim(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        """The first ``sinks`` and the last ``window`` along ``dim``. The first ``sinks``
-        of ``x`` are the sequence's first tokens: earlier trims kept them in front."""
-        if self.window is None or x.size(dim) <= self.sinks + self.window:
-            return x
-        recent = x.narrow(dim, x.size(dim) - self.window, self.window)
-        if not self.sinks:
-            # clone(): a slice would keep the whole concatenated tensor alive.
-            return recent.clone()
-        return torch.cat([x.narrow(dim, 0, self.sinks), recent], dim=dim)
-
-    @property
-    def streaming(self) -> bool:
-        """Whether the attention places the keys *within the cache* (StreamingLLM, with
-        ``sinks``): each query's keys, the sinks then its window, sit at positions ``0, 1,
-        ..., m - 1``, the query itself at ``m - 1``, whatever their text positions, so that
-        no distance exceeds ``sinks + window - 1``. The keys are then cached before RoPE
-        (they are rotated anew at every step) and ALiBi measures distances in the cache.
-        See :func:`mhbook.window_slots`."""
-        return self.sinks > 0
 
     @property
     def num_kept(self) -> int:
@@ -204,9 +186,7 @@ class LayerCache:
             for name in ("keys", "values", "latent", "memory_keys", "memory_values")
             if getattr(self, name) is not None
         )
-        window = "" if self.window is None else f", window={self.window}"
-        window += f", sinks={self.sinks}" if self.sinks else ""
-        return f"LayerCache(length={self.length}{window}{', ' if shapes else ''}{shapes})"
+        return f"LayerCache(length={self.length}{', ' if shapes else ''}{shapes})"
 
 
 class KVCache:
@@ -214,46 +194,19 @@ class KVCache:
 
     Args:
         num_layers: the decoder's number of layers (blocks), at least 1.
-        window: ``None`` or an int, every layer's window; or one window (or ``None``)
-            per layer, for interleaved local and global layers.
-        sinks: the attention sinks of every layer that has a window.
 
     Attributes:
         layers: the list of :class:`LayerCache`, ``layers[i]`` for block ``i``.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        window: int | None | Sequence[int | None] = None,
-        sinks: int = 0,
-    ):
+    def __init__(self, num_layers: int):
         check_int("num_layers", num_layers, 1)
-        windows = list(window) if isinstance(window, Sequence) else [window] * num_layers
-        if len(windows) != num_layers:
-            raise ValueError(
-                f"window must be None, an int or one window per layer ({num_layers}), "
-                f"got {len(windows)} windows: {list(windows)}"
-            )
-        if sinks and all(w is None for w in windows):
-            raise ValueError(f"sinks={sinks} needs a window in some layer, got window={window}")
-        self.sinks = sinks
-        self.layers = [LayerCache(w, sinks if w is not None else 0) for w in windows]
+        self.layers = [LayerCache() for _ in range(num_layers)]
 
     @property
     def length(self) -> int:
         """Tokens seen so far: the position of the next token, and the causal mask's offset."""
         return self.layers[0].length
-
-    @property
-    def window(self) -> int | None:
-        """The first layer's window (``None``: it keeps every token); see :attr:`windows`."""
-        return self.layers[0].window
-
-    @property
-    def windows(self) -> tuple[int | None, ...]:
-        """Each layer's window."""
-        return tuple(layer.window for layer in self.layers)
 
     @property
     def nbytes(self) -> int:
@@ -268,6 +221,18 @@ class KVCache:
 
     def __repr__(self) -> str:
         return f"KVCache(num_layers={len(self.layers)}, length={self.length}, nbytes={self.nbytes})"
+
+
+def _trim(x: torch.Tensor, dim: int, window: int | None, sinks: int) -> torch.Tensor:
+    """The first ``sinks`` and the last ``window`` along ``dim``. The first ``sinks`` of
+    ``x`` are the sequence's first tokens: earlier trims kept them in front."""
+    if window is None or x.size(dim) <= sinks + window:
+        return x
+    recent = x.narrow(dim, x.size(dim) - window, window)
+    if not sinks:
+        # clone(): a slice would keep the whole concatenated tensor alive.
+        return recent.clone()
+    return torch.cat([x.narrow(dim, 0, sinks), recent], dim=dim)
 
 
 def _append(old: torch.Tensor | None, new: torch.Tensor, dim: int) -> torch.Tensor:

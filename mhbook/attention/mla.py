@@ -32,7 +32,7 @@ between ``W_uk`` and ``c``); that is why its part is decoupled: a few extra dime
 sinusoids).
 
 The layout follows Hugging Face's ``DeepseekV3Attention`` (``transformers`` 5.23) so that
-its weights copy over (:meth:`MultiHeadLatentAttention.from_hf`): its ``q_proj`` /
+its weights copy over (:func:`mhbook.models.hf.mla_from_hf`): its ``q_proj`` /
 ``q_b_proj`` are our ``W_q`` and ``W_qr`` side by side per head, ``kv_a_proj_with_mqa`` is
 ``W_dkv`` and ``W_kr`` stacked, ``kv_b_proj`` is ``W_uk`` and ``W_uv`` side by side per
 head. As there, the up-projections have no bias (a bias would not absorb).
@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from ..core.masks import causal_mask, check_mask
-from ..core.validate import check_features, check_int, check_number
+from ..core.validate import check_features, check_heads, check_int, check_number, check_window
 from .cache import LayerCache
 from .multihead import AttentionLayer
 from .rope import RotaryEmbedding
@@ -73,7 +73,9 @@ class MultiHeadLatentAttention(AttentionLayer):
         d_v: size of a head's value (``v_head_dim``); ``None`` means ``d_head``.
         d_q_latent: size of the query latent (``q_lora_rank``); ``None``: the queries
             are projected from ``x`` directly.
-        rope_base: the RoPE base (``rope_theta``).
+        rope_theta: the RoPE base, ``theta_i = rope_theta^(-2i / d_rope)``.
+        window, sinks: a local layer's sliding window and attention sinks, as in
+            :class:`mhbook.MultiHeadAttention` (the layer masks and keeps its latents so).
         rope_interleaved: rotate adjacent pairs ``(x0, x1), (x2, x3), ...`` as the RoFormer
             paper and DeepSeek do (``True``), or Llama's halves ``(x_i, x_{i + d/2})``
             (see :class:`mhbook.RotaryEmbedding`).
@@ -110,10 +112,12 @@ class MultiHeadLatentAttention(AttentionLayer):
         d_rope: int = 0,
         d_v: int | None = None,
         d_q_latent: int | None = None,
-        rope_base: float = 10000.0,
+        rope_theta: float = 10000.0,
         rope_interleaved: bool = True,
         absorb: bool = False,
         norm_eps: float = 1e-6,
+        window: int | None = None,
+        sinks: int = 0,
     ):
         super().__init__()
         for name, value in (("d_model", d_model), ("num_heads", num_heads), ("d_latent", d_latent)):
@@ -128,11 +132,8 @@ class MultiHeadLatentAttention(AttentionLayer):
             )
         if d_q_latent is not None and d_q_latent > d_model:
             raise ValueError(f"d_q_latent must be at most d_model={d_model}, got {d_q_latent}")
-        if d_head is None and d_model % num_heads != 0:
-            raise ValueError(
-                f"d_model must be divisible by num_heads (or give d_head): got "
-                f"d_model={d_model}, num_heads={num_heads}"
-            )
+        check_heads(num_heads, d_model=d_model, d_head=d_head)
+        check_window(window, sinks)
         if d_rope % 2 != 0:
             raise ValueError(f"d_rope must be even (RoPE rotates pairs), got {d_rope}")
         check_number("dropout", dropout, 0.0, 1.0)
@@ -145,6 +146,8 @@ class MultiHeadLatentAttention(AttentionLayer):
         self.d_q_latent = d_q_latent
         self.dropout = dropout
         self.absorb = bool(absorb)
+        self.window = window
+        self.sinks = sinks
         h = num_heads
         d_q = d_model
         if d_q_latent is not None:
@@ -154,7 +157,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         self.W_q = nn.Linear(d_q, h * self.d_head, bias=False)
         if d_rope:
             self.W_qr = nn.Linear(d_q, h * d_rope, bias=False)
-            self.rope = RotaryEmbedding(d_rope, rope_base, interleaved=rope_interleaved)
+            self.rope = RotaryEmbedding(d_rope, rope_theta, interleaved=rope_interleaved)
         self.W_dkv = nn.Linear(d_model, d_latent, bias=bias)
         self.kv_norm = nn.RMSNorm(d_latent, eps=norm_eps)
         if d_rope:
@@ -229,6 +232,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         positions: torch.Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Self-attention of ``query`` over itself and, with a cache, the cached tokens.
 
@@ -244,6 +248,9 @@ class MultiHeadLatentAttention(AttentionLayer):
             cache: a :class:`mhbook.LayerCache`; the new latents are added to it
                 (``cache.update_latent``), and the queries attend to all it holds.
             need_weights: also return the weights ``(batch, num_heads, T, S)``.
+            rope_tables: accepted for the call signature of
+                :class:`mhbook.MultiHeadAttention`; unused (the decoupled RoPE part has
+                its own size ``d_rope``).
 
         Returns:
             ``(output, weights)``: ``(batch, T, d_model)`` and the weights when
@@ -258,8 +265,13 @@ class MultiHeadLatentAttention(AttentionLayer):
         x = query
         positions = self._positions(x, positions, cache)
         latent = self.latent(x, positions)  # (B, T, d_latent + d_rope)
-        if cache is not None:
-            latent = cache.update_latent(latent)  # (B, S, d_latent + d_rope)
+        if cache is not None:  # (B, S, d_latent + d_rope)
+            latent = cache.update_latent(latent, window=self.window, sinks=self.sinks)
+        if self.window is not None:  # a local layer: its own causal mask, bottom-right
+            local = causal_mask(
+                x.size(1), latent.size(1), x.device, window=self.window, sinks=self.sinks
+            )
+            mask, is_causal = (local if mask is None else mask & local), False
         q, q_rope = self.queries(x, positions)
         dropout_p = self.dropout if self.training else 0.0
         keep = need_weights or self.keep_weights
@@ -331,66 +343,3 @@ class MultiHeadLatentAttention(AttentionLayer):
                 f"got {type(cache).__name__}"
             )
         check_features("query", x, self.d_model, self.W_dkv.weight)
-
-    # -- conversion from Hugging Face -------------------------------------------------
-    @classmethod
-    def from_hf(cls, m: nn.Module) -> MultiHeadLatentAttention:
-        """Copy a Hugging Face ``DeepseekV3Attention``: same weights, same outputs.
-
-        Its latent RMS norms become PyTorch's ``nn.RMSNorm`` (same formula; Hugging
-        Face's computes in float32 even for float64 inputs). ``rope_interleave`` is
-        copied; RoPE scaling (YaRN) is not supported.
-        """
-        config = m.config
-        rope = dict(getattr(config, "rope_parameters", None) or {})
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"only the default RoPE is supported, got {rope!r}")
-        if m.num_key_value_groups != 1:
-            raise ValueError("DeepseekV3Attention with num_key_value_heads != num_heads")
-        h = m.num_heads
-        d_head, d_rope, d_v = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
-        d_latent, d_q_latent = m.kv_lora_rank, m.q_lora_rank
-        weight = m.kv_b_proj.weight
-        ours = cls(
-            m.hidden_size,
-            h,
-            d_latent,
-            dropout=float(m.attention_dropout or 0.0),
-            bias=m.kv_a_proj_with_mqa.bias is not None,
-            d_head=d_head,
-            d_rope=d_rope,
-            d_v=d_v,
-            d_q_latent=d_q_latent,
-            rope_base=float(rope.get("rope_theta", 10000.0)),
-            rope_interleaved=bool(config.rope_interleave),
-            norm_eps=m.kv_a_layernorm.variance_epsilon,
-        ).to(weight.device, weight.dtype)
-        with torch.no_grad():
-            q_proj = m.q_proj if d_q_latent is None else m.q_b_proj
-            if d_q_latent is not None:
-                _copy_linear(ours.W_dq, m.q_a_proj.weight, m.q_a_proj.bias)
-                ours.q_norm.weight.copy_(m.q_a_layernorm.weight)
-            q = q_proj.weight.view(h, d_head + d_rope, -1)
-            ours.W_q.weight.copy_(q[:, :d_head].reshape(h * d_head, -1))
-            kv_a = m.kv_a_proj_with_mqa
-            bias = kv_a.bias
-            _copy_linear(
-                ours.W_dkv, kv_a.weight[:d_latent], None if bias is None else bias[:d_latent]
-            )
-            ours.kv_norm.weight.copy_(m.kv_a_layernorm.weight)
-            if d_rope:
-                ours.W_qr.weight.copy_(q[:, d_head:].reshape(h * d_rope, -1))
-                _copy_linear(
-                    ours.W_kr, kv_a.weight[d_latent:], None if bias is None else bias[d_latent:]
-                )
-            kv_b = m.kv_b_proj.weight.view(h, d_head + d_v, d_latent)
-            ours.W_uk.weight.copy_(kv_b[:, :d_head].reshape(h * d_head, d_latent))
-            ours.W_uv.weight.copy_(kv_b[:, d_head:].reshape(h * d_v, d_latent))
-            _copy_linear(ours.W_o, m.o_proj.weight, m.o_proj.bias)
-        return ours
-
-
-def _copy_linear(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    linear.weight.copy_(weight)
-    if bias is not None:
-        linear.bias.copy_(bias)

@@ -20,6 +20,8 @@ The same layer covers what today's models add:
   ``nn.MultiheadAttention(..., kdim=, vdim=)``;
 * position inside attention, for self-attention: a rotary embedding of queries and keys
   (``rope``) or a distance bias on the scores (``alibi``);
+* a sliding ``window`` (and attention ``sinks``), told at construction: the layer builds
+  its own causal, windowed mask and tells its cache what to keep;
 * a KV cache (:class:`mhbook.LayerCache`) that the layer updates itself: with the new
   tokens' keys and values in self-attention, with the projected memory once in
   cross-attention.
@@ -33,8 +35,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..core.masks import check_mask, window_slots
-from ..core.validate import check_features, check_int, check_module, check_number, check_positions
+from ..core.masks import causal_mask, check_mask, window_slots
+from ..core.validate import (
+    check_features,
+    check_heads,
+    check_int,
+    check_module,
+    check_number,
+    check_positions,
+    check_window,
+)
 from .cache import LayerCache, _append_positions
 from .sdpa import attend
 
@@ -127,6 +137,13 @@ class MultiHeadAttention(AttentionLayer):
         alibi: ``None`` or a module ``alibi(q_positions, k_positions)`` (a
             :class:`mhbook.ALiBi` built for ``num_heads`` heads) that gives a float bias
             ``(num_heads, T, S)`` added to the scores of self-attention.
+        window: ``None`` (a global layer), or a local layer's sliding window: each query
+            of self-attention sees its last ``window`` keys, itself included, and no
+            later one (the layer builds ``causal_mask(T, S, window=, sinks=)`` itself),
+            and the layer's cache keeps only those.
+        sinks: with a ``window``, every query also sees the first ``sinks`` tokens
+            (attention sinks, Xiao et al., 2023); with ``rope`` or ``alibi`` the keys are
+            then positioned within the cache (:attr:`streaming`).
 
     Attributes:
         W_q: ``nn.Linear(d_model, num_heads * d_head)``.
@@ -156,6 +173,8 @@ class MultiHeadAttention(AttentionLayer):
         vdim: int | None = None,
         rope: nn.Module | None = None,
         alibi: nn.Module | None = None,
+        window: int | None = None,
+        sinks: int = 0,
     ):
         super().__init__()
         check_int("d_model", d_model)
@@ -165,17 +184,8 @@ class MultiHeadAttention(AttentionLayer):
         for name, value in (("kdim", kdim), ("vdim", vdim)):
             check_int(name, value, optional=True)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads % num_kv_heads != 0:
-            raise ValueError(
-                f"num_heads must be divisible by num_kv_heads (each key/value head serves "
-                f"a group of query heads): got num_heads={num_heads}, num_kv_heads="
-                f"{num_kv_heads} (num_heads % num_kv_heads = {num_heads % num_kv_heads})"
-            )
-        if d_head is None and d_model % num_heads != 0:
-            raise ValueError(
-                f"d_model must be divisible by num_heads (or give d_head): got d_model="
-                f"{d_model}, num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
-            )
+        check_heads(num_heads, num_kv_heads, d_model, d_head)
+        check_window(window, sinks)
         check_number("dropout", dropout, 0.0, 1.0)
         check_module("rope", rope)
         check_module("alibi", alibi)
@@ -198,13 +208,19 @@ class MultiHeadAttention(AttentionLayer):
         self.W_o = nn.Linear(num_heads * self.d_head, d_model, bias=bias)
         self.rope = rope
         self.alibi = alibi
+        self.window = window
+        self.sinks = sinks
         self._init_outputs()
-        # The order of the projections does not change the output, but autograd adds up the
-        # input's gradient in that order, which moves the last bits of a training run. Keys
-        # and values come first, as chapters 4 to 8 trained their models; make_attention
-        # sets this for the decoder-only models of chapters 9 to 12, which were trained
-        # with the queries first, so that every chapter's training stays bit for bit.
-        self._queries_first = False
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the layer places the keys *within the cache* (StreamingLLM, with
+        ``sinks`` and ``rope`` or ``alibi``): each query's keys, the sinks then its window,
+        sit at positions ``0, 1, ..., m - 1``, the query itself at ``m - 1``, whatever their
+        text positions, so that no distance exceeds ``sinks + window - 1``. The keys are
+        then cached before RoPE (they are rotated anew at every step) and ALiBi measures
+        distances in the cache. See :func:`mhbook.window_slots`."""
+        return self.sinks > 0 and (self.rope is not None or self.alibi is not None)
 
     @property
     def group_size(self) -> int:
@@ -219,7 +235,9 @@ class MultiHeadAttention(AttentionLayer):
             if getattr(self, name) != self.d_model
         )
         heads = f"num_heads={self.num_heads}{kv}, d_head={self.d_head}"
-        return f"d_model={self.d_model}, {heads}{widths}"
+        local = "" if self.window is None else f", window={self.window}"
+        local += f", sinks={self.sinks}" if self.sinks else ""
+        return f"d_model={self.d_model}, {heads}{widths}{local}"
 
     # -- splitting heads (merge_heads: AttentionLayer's) -------------------------------
     def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
@@ -241,6 +259,7 @@ class MultiHeadAttention(AttentionLayer):
         positions: torch.Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of ``query`` over ``key``/``value``, or over itself.
 
@@ -251,6 +270,7 @@ class MultiHeadAttention(AttentionLayer):
             value: ``(batch, S, vdim)``; ``None``: ``key``.
             mask: bool, broadcastable to ``(batch, num_heads, T, S)``; ``True`` = may
                 attend. With a cache in self-attention ``S`` counts the kept tokens too.
+                A layer with a ``window`` adds its own causal, windowed mask to it.
             is_causal: also apply :func:`~mhbook.causal_mask` ``(T, S)``, aligned
                 bottom-right, without building it where the fused kernel can skip it
                 (see :func:`mhbook.attend`).
@@ -264,6 +284,9 @@ class MultiHeadAttention(AttentionLayer):
                 projected into it on the first call; later calls reuse those keys and
                 values (keep ``key`` the same).
             need_weights: also return the per-head weights (explicit path).
+            rope_tables: ``(cos, sin)`` of ``positions``, from ``rope.tables``: what a
+                model computes once per forward pass for all its layers. ``None``:
+                the layer computes them.
 
         Returns:
             ``(output, weights)``: output ``(batch, T, d_model)``; weights
@@ -273,56 +296,63 @@ class MultiHeadAttention(AttentionLayer):
         if self_attention and value is not None:
             raise ValueError("value was given without key: pass both (cross-attention) or neither")
         self._check_inputs(query, key, value, cache)
-        if value is None:
-            value = key
-        bias = None
-        if self_attention:
-            positions_given = positions is not None
-            positions = self._positions(query, positions, cache)
-            if self._queries_first:  # see __init__
-                q = self.split_heads(self.W_q(query))  # (B, h, T, d_head)
-            k, v = self._project_kv(query, query)  # (B, h_kv, T, d_head)
-            if not self._queries_first:
-                q = self.split_heads(self.W_q(query))
-            in_cache = self.rope is not None or self.alibi is not None
-            if cache is not None and cache.streaming and in_cache:
-                if positions_given:
-                    raise ValueError(
-                        "positions: with sinks (StreamingLLM) the keys are positioned within "
-                        f"the cache ({cache!r}), not at text positions; pass none"
-                    )
-                k, v = cache.update(k, v)  # before RoPE: (B, h_kv, kept + T, d_head)
-                heads, weights = self._attend_within_cache(
-                    q, k, v, mask, cache, need_weights or self.keep_weights
+        keep = need_weights or self.keep_weights  # the explicit path stores the weights
+        if not self_attention:
+            return self._cross_attention(query, key, value, mask, cache, need_weights, is_causal)
+        # 1. project: the new tokens' keys, values and queries, split into heads
+        k, v = self._project_kv(query, query)  # (B, h_kv, T, d_head)
+        q = self.split_heads(self.W_q(query))  # (B, h, T, d_head)
+        if self.streaming:  # 2. to 4. at positions within the cache
+            if positions is not None:
+                raise ValueError(
+                    f"positions: with sinks={self.sinks} (StreamingLLM) the keys are "
+                    "positioned within the cache, not at text positions; pass none"
                 )
-                return self._heads_out(heads, weights, need_weights)
-            if self.rope is not None:
-                q, k = self.rope(q, positions), self.rope(k, positions)
-            k_positions = positions
-            if cache is not None:
-                kept_positions = positions if self.alibi is not None else None
-                if kept_positions is not None and cache.positions is not None:
-                    # The kept keys' positions, then the new ones: ALiBi's distances.
-                    k_positions = _append_positions(cache.positions, positions)
-                k, v = cache.update(k, v, kept_positions)  # (B, h_kv, kept + T, d_head)
-            if self.alibi is not None:
-                bias = self._alibi_bias(positions, k_positions, query.dtype)
-        else:
-            if cache is None:
-                k, v = self._project_kv(key, value)
-            else:
-                k, v = cache.memory(lambda: self._project_kv(key, value))
-            q = self.split_heads(self.W_q(query))
+            if cache is not None:  # before RoPE: (B, h_kv, kept + T, d_head)
+                k, v = cache.update(k, v, window=self.window, sinks=self.sinks)
+            heads, weights = self._attend_within_cache(q, k, v, mask, keep)
+            return self._heads_out(heads, weights, need_weights)
+        # 2. position: RoPE rotates q and k at the new tokens' positions
+        positions = self._positions(query, positions, cache)  # (T,) or (B, T)
+        if self.rope is not None:
+            cos, sin = self.rope.tables(positions) if rope_tables is None else rope_tables
+            cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # computed in float32
+            q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
+        # 3. cache: the kept keys and values, then the new ones (k_positions: ALiBi's)
+        k_positions = positions
+        if cache is not None:
+            kept_positions = positions if self.alibi is not None else None
+            if kept_positions is not None and cache.positions is not None:
+                k_positions = _append_positions(cache.positions, positions)
+            k, v = cache.update(k, v, kept_positions, window=self.window, sinks=self.sinks)
+        # 4. attend: with a window, the layer's own causal mask (bottom-right), ALiBi's bias
+        if self.window is not None:
+            local = causal_mask(
+                q.size(2), k.size(2), q.device, window=self.window, sinks=self.sinks
+            )
+            mask, is_causal = (local if mask is None else mask & local), False
+        bias = None
+        if self.alibi is not None:
+            bias = self._alibi_bias(positions, k_positions, query.dtype)
+        # The explicit path materialises the (B, h, T, S) weights; otherwise PyTorch's
+        # fused kernel runs in O(T) memory.
         heads, weights = self.attend_heads(
-            q,
-            k,
-            v,
-            mask,
-            # The explicit path materialises the (B, h, T, S) weights; otherwise
-            # PyTorch's fused kernel runs in O(T) memory.
-            need_weights=need_weights or self.keep_weights,
-            bias=bias,
-            is_causal=is_causal,
+            q, k, v, mask, need_weights=keep, bias=bias, is_causal=is_causal
+        )
+        # 5. merge: the heads side by side, W_o
+        return self._heads_out(heads, weights, need_weights)
+
+    def _cross_attention(self, query, key, value, mask, cache, need_weights, is_causal):
+        """Attention of ``query`` over a memory: its keys and values projected, or those
+        of the cache (projected once, on the first call)."""
+        value = key if value is None else value
+        if cache is None:
+            k, v = self._project_kv(key, value)  # (B, h_kv, S, d_head)
+        else:
+            k, v = cache.memory(lambda: self._project_kv(key, value))
+        q = self.split_heads(self.W_q(query))  # (B, h, T, d_head)
+        heads, weights = self.attend_heads(
+            q, k, v, mask, need_weights=need_weights or self.keep_weights, is_causal=is_causal
         )
         return self._heads_out(heads, weights, need_weights)
 
@@ -332,7 +362,6 @@ class MultiHeadAttention(AttentionLayer):
         k: torch.Tensor,
         v: torch.Tensor,
         mask: torch.Tensor | None,
-        cache: LayerCache,
         need_weights: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention with sinks, positioned within the cache (StreamingLLM, Xiao et al.,
@@ -345,10 +374,10 @@ class MultiHeadAttention(AttentionLayer):
         Args:
             q: ``(B, h, T, d_head)`` the new queries, not rotated.
             k, v: ``(B, h_kv, N, d_head)`` what ``cache.update`` returned: the kept keys
-                (not rotated) and values, then the ``T`` new ones.
-            mask: bool, broadcastable to ``(B, h, T, N)``, or ``None``; the window and the
-                sinks apply whatever it says.
-            cache: the layer's cache, for its ``window`` and ``sinks``.
+                (not rotated) and values, then the ``T`` new ones (without a cache: the
+                ``T`` new ones).
+            mask: bool, broadcastable to ``(B, h, T, N)``, or ``None``; the layer's
+                window and sinks apply whatever it says.
             need_weights: also return the weights ``(B, h, T, N)``.
 
         Returns:
@@ -359,7 +388,7 @@ class MultiHeadAttention(AttentionLayer):
         d_head)``, through :meth:`attend_heads`.
         """
         B, h, T, N = *q.shape[:3], k.size(2)
-        index, valid = window_slots(T, N, cache.window, cache.sinks, q.device)  # (T, K)
+        index, valid = window_slots(T, N, self.window, self.sinks, q.device)  # (T, K)
         K = index.size(1)
         k, v = k[:, :, index], v[:, :, index]  # (B, h_kv, T, K, d): each query's keys
         key_positions = torch.arange(K, device=q.device)
@@ -482,133 +511,6 @@ class MultiHeadAttention(AttentionLayer):
                 f"cache must be None or a mhbook.LayerCache (one layer of a KVCache), "
                 f"got {type(cache).__name__}"
             )
-
-    # -- conversion to and from PyTorch ---------------------------------------------
-    @classmethod
-    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
-        """Copy an ``nn.MultiheadAttention(..., batch_first=True)``: same weights, same outputs.
-
-        ``kdim``/``vdim`` are copied too: PyTorch then keeps ``q_proj_weight``,
-        ``k_proj_weight`` and ``v_proj_weight`` apart (and one packed ``in_proj_bias``).
-        """
-        if not isinstance(m, nn.MultiheadAttention):
-            raise TypeError(f"expected nn.MultiheadAttention, got {type(m).__name__}")
-        if not m.batch_first:
-            raise ValueError(
-                "expected nn.MultiheadAttention(..., batch_first=True), got batch_first=False"
-            )
-        if m.bias_k is not None:
-            raise ValueError("nn.MultiheadAttention with add_bias_kv=True is not supported")
-        bias = m.in_proj_bias is not None
-        e = m.embed_dim
-        if m._qkv_same_embed_dim:
-            w = m.in_proj_weight
-            weights = (w[:e], w[e : 2 * e], w[2 * e :])
-        else:
-            weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
-        p = weights[0]
-        ours = cls(e, m.num_heads, dropout=m.dropout, bias=bias, kdim=m.kdim, vdim=m.vdim)
-        ours = ours.to(p.device, p.dtype)
-        with torch.no_grad():
-            for i, (lin, weight) in enumerate(zip((ours.W_q, ours.W_k, ours.W_v), weights)):
-                lin.weight.copy_(weight)
-                if bias:
-                    lin.bias.copy_(m.in_proj_bias[i * e : (i + 1) * e])
-            ours.W_o.weight.copy_(m.out_proj.weight)
-            if bias:
-                ours.W_o.bias.copy_(m.out_proj.bias)
-        return ours
-
-    def to_torch(self) -> nn.MultiheadAttention:
-        """An ``nn.MultiheadAttention(..., batch_first=True, kdim=, vdim=)`` with the same
-        weights. PyTorch's layer has as many key/value heads as query heads, heads of
-        ``embed_dim // num_heads``, no positions inside attention and no head mask: a
-        layer with any of these raises a ``ValueError`` naming it."""
-        problems = {
-            "num_kv_heads": self.num_kv_heads != self.num_heads,
-            "d_head": self.num_heads * self.d_head != self.d_model,
-            "rope": self.rope is not None,
-            "alibi": self.alibi is not None,
-            "head_mask": self.head_mask is not None,
-        }
-        wrong = [name for name, bad in problems.items() if bad]
-        if wrong:
-            raise ValueError(
-                f"nn.MultiheadAttention cannot express this layer's {', '.join(wrong)} "
-                f"(num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"d_head={self.d_head}, d_model={self.d_model}; it needs num_kv_heads == "
-                "num_heads, num_heads * d_head == d_model, no rope, alibi or head_mask)"
-            )
-        bias = self.W_q.bias is not None
-        w = self.W_q.weight
-        m = nn.MultiheadAttention(
-            self.d_model,
-            self.num_heads,
-            dropout=self.dropout,
-            bias=bias,
-            batch_first=True,
-            kdim=self.kdim,
-            vdim=self.vdim,
-        ).to(w.device, w.dtype)
-        with torch.no_grad():
-            if m._qkv_same_embed_dim:
-                m.in_proj_weight.copy_(
-                    torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])
-                )
-            else:
-                m.q_proj_weight.copy_(self.W_q.weight)
-                m.k_proj_weight.copy_(self.W_k.weight)
-                m.v_proj_weight.copy_(self.W_v.weight)
-            m.out_proj.weight.copy_(self.W_o.weight)
-            if bias:
-                m.in_proj_bias.copy_(torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias]))
-                m.out_proj.bias.copy_(self.W_o.bias)
-        return m
-
-    # -- conversion from Hugging Face ------------------------------------------------
-    @classmethod
-    def from_hf(cls, m: nn.Module) -> MultiHeadAttention:
-        """Copy a Hugging Face ``LlamaAttention`` or ``MistralAttention`` (``transformers``
-        5): same weights, same outputs, with a :class:`mhbook.RotaryEmbedding` of the
-        model's ``rope_theta`` and RoPE scaling.
-
-        Mistral's sliding window is not a property of the layer, in ``transformers`` as
-        here: it is in the mask (``causal_mask(T, S, window=config.sliding_window)``).
-        The default, ``"linear"`` and ``"yarn"`` RoPE are copied (see
-        :func:`mhbook.attention.rope.hf_rope`); another ``rope_type`` raises a ``ValueError``.
-        """
-        from .rope import RotaryEmbedding, hf_rope
-
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj", "config", "head_dim"):
-            if not hasattr(m, name):
-                raise TypeError(
-                    f"expected a Hugging Face LlamaAttention or MistralAttention, got "
-                    f"{type(m).__name__} (it has no {name})"
-                )
-        config = m.config
-        rope_theta, rope_scaling = hf_rope(config)
-        bias = m.q_proj.bias is not None
-        if (m.o_proj.bias is not None) != bias:
-            raise ValueError(
-                "mhbook's layer has biases in all four projections or in none; this one has "
-                f"q_proj bias {bias}, o_proj bias {m.o_proj.bias is not None}"
-            )
-        weight = m.q_proj.weight
-        ours = cls(
-            config.hidden_size,
-            config.num_attention_heads,
-            num_kv_heads=config.num_key_value_heads,
-            dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
-            bias=bias,
-            d_head=m.head_dim,
-            rope=RotaryEmbedding(m.head_dim, rope_theta, scaling=rope_scaling),
-        ).to(weight.device, weight.dtype)
-        with torch.no_grad():
-            for mine, theirs in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj")):
-                getattr(ours, mine).load_state_dict(getattr(m, theirs).state_dict())
-            ours.W_o.load_state_dict(m.o_proj.state_dict())
-        ours.train(m.training)
-        return ours
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

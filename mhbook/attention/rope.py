@@ -2,7 +2,7 @@
 rotating queries and keys, not by adding a vector to the tokens.
 
 Split a head's ``d_head`` features into ``d_head / 2`` pairs. At position ``m`` pair ``i``
-is rotated by the angle ``m * theta_i``, with ``theta_i = base^(-2i / d_head)``::
+is rotated by the angle ``m * theta_i``, with ``theta_i = rope_theta^(-2i / d_head)``::
 
     (x_a, x_b) -> (x_a cos(m theta_i) - x_b sin(m theta_i),
                    x_a sin(m theta_i) + x_b cos(m theta_i))
@@ -24,6 +24,12 @@ The two are the same rotation up to a fixed permutation of the features
     rope = RotaryEmbedding(d_head=16)
     q = rope(q, positions)  # q (batch, heads, T, 16), positions (T,) -> (batch, heads, T, 16)
 
+A model computes the tables once per forward pass and hands them to every layer, as
+Hugging Face's Llama does (``position_embeddings = self.rotary_emb(x, position_ids)``)::
+
+    cos, sin = rope.tables(positions, dtype)  # once per forward
+    q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)  # in every layer
+
 Context extension. A model trained on ``L`` positions has never seen the angles of
 positions beyond ``L``. :class:`RopeScaling` changes the frequencies ``theta_i`` so that a
 longer context ``s * L`` maps onto angles the model knows (:func:`rope_frequencies`):
@@ -40,11 +46,10 @@ import torch
 from torch import nn
 
 from ..core.config import RopeScaling
-from ..core.validate import check_bool, check_int, check_number
+from ..core.validate import check_bool, check_int, check_integers, check_number
 
 __all__ = [
     "RotaryEmbedding",
-    "hf_rope",
     "rope_frequencies",
     "ntk_base",
     "rope_angles",
@@ -54,7 +59,7 @@ __all__ = [
 
 def rope_frequencies(
     d_head: int,
-    base: float = 10000.0,
+    rope_theta: float = 10000.0,
     scaling: RopeScaling | None = None,
     *,
     device: torch.device | str | None = None,
@@ -62,7 +67,7 @@ def rope_frequencies(
     """RoPE's frequencies ``theta_i``, scaled to a longer context, and the factor that
     multiplies ``cos`` and ``sin``.
 
-    Without ``scaling``, ``theta_i = base^(-2i / d)`` for the ``d / 2`` pairs ``i`` of a
+    Without ``scaling``, ``theta_i = rope_theta^(-2i / d)`` for the ``d / 2`` pairs ``i`` of a
     head of ``d = d_head`` features, and the factor is 1. With a factor ``s`` and an
     original context ``L``:
 
@@ -70,7 +75,7 @@ def rope_frequencies(
       ``m`` gets the angles position ``m / s`` had: ``s L`` positions fit in the angles of
       ``L``, but neighbours are ``s`` times closer than the model is used to.
     * ``"ntk"``, NTK-aware scaling (bloc97, 2023): a larger base
-      ``base' = base * s^(d / (d - 2))``. The fastest pair (``i = 0``, ``theta_0 = 1``)
+      ``rope_theta' = rope_theta * s^(d / (d - 2))``. The fastest pair (``i = 0``, ``theta_0 = 1``)
       is unchanged, the slowest (``i = d/2 - 1``) is divided by exactly ``s``, the ones
       between by less: high frequencies extrapolate, low ones interpolate. Static here
       (Hugging Face's ``"dynamic"`` grows ``s`` with the sequence length).
@@ -94,7 +99,7 @@ def rope_frequencies(
     """
     _check_d_head(d_head)
     exponents = torch.arange(0, d_head, 2, dtype=torch.int64, device=device).float()  # 2i
-    powers = base ** (exponents / d_head)  # base^(2i / d), (d_head / 2,)
+    powers = rope_theta ** (exponents / d_head)  # rope_theta^(2i / d), (d_head / 2,)
     theta = 1.0 / powers
     if scaling is None:
         return theta, 1.0
@@ -104,13 +109,13 @@ def rope_frequencies(
     if scaling.kind == "linear":
         return theta / s, 1.0
     if scaling.kind == "ntk":
-        return 1.0 / (ntk_base(d_head, base, s) ** (exponents / d_head)), 1.0
+        return 1.0 / (ntk_base(d_head, rope_theta, s) ** (exponents / d_head)), 1.0
     # YaRN: the (fractional) pair index whose theta_i turns r times over L,
-    # from r = L base^(-2i/d) / (2 pi): i = d ln(L / (2 pi r)) / (2 ln base).
+    # from r = L rope_theta^(-2i/d) / (2 pi): i = d ln(L / (2 pi r)) / (2 ln rope_theta).
     L = scaling.original_context
 
     def pair_turning(r: float) -> float:
-        return d_head * math.log(L / (2 * math.pi * r)) / (2 * math.log(base))
+        return d_head * math.log(L / (2 * math.pi * r)) / (2 * math.log(rope_theta))
 
     low = max(math.floor(pair_turning(scaling.beta_fast)), 0)
     high = min(math.ceil(pair_turning(scaling.beta_slow)), d_head - 1)
@@ -123,16 +128,17 @@ def rope_frequencies(
     return theta, 0.1 * math.log(s) + 1.0
 
 
-def ntk_base(d_head: int, base: float, factor: float) -> float:
-    """NTK-aware scaling's base ``base' = base * factor^(d / (d - 2))`` for ``d = d_head``
-    (with one pair, ``d = 2``, ``theta_0 = 1`` whatever the base: ``base``)."""
-    return base * factor ** (d_head / (d_head - 2)) if d_head > 2 else base
+def ntk_base(d_head: int, rope_theta: float, factor: float) -> float:
+    """NTK-aware scaling's base ``rope_theta' = rope_theta * factor^(d / (d - 2))`` for
+    ``d = d_head`` (with one pair, ``d = 2``, ``theta_0 = 1`` whatever the base:
+    ``rope_theta``)."""
+    return rope_theta * factor ** (d_head / (d_head - 2)) if d_head > 2 else rope_theta
 
 
 def rope_angles(
     positions: torch.Tensor,
     d_head: int,
-    base: float = 10000.0,
+    rope_theta: float = 10000.0,
     scaling: RopeScaling | None = None,
 ) -> torch.Tensor:
     """The rotation angles ``m * theta_i`` for every position ``m`` and pair ``i``.
@@ -143,14 +149,14 @@ def rope_angles(
     Args:
         positions: integer positions ``(...,)``, e.g. ``(T,)`` or ``(batch, T)``.
         d_head: the (even) size of a head.
-        base: ``theta_i = base^(-2i / d_head)``.
+        rope_theta: the base, ``theta_i = rope_theta^(-2i / d_head)``.
         scaling: a :class:`RopeScaling` of the ``theta_i`` (see :func:`rope_frequencies`;
             YaRN's attention factor is not in the angles).
 
     Returns:
         float32 angles ``(..., d_head / 2)`` on the positions' device.
     """
-    theta, _ = rope_frequencies(d_head, base, scaling, device=positions.device)
+    theta, _ = rope_frequencies(d_head, rope_theta, scaling, device=positions.device)
     return positions.float()[..., None] * theta
 
 
@@ -181,8 +187,8 @@ class RotaryEmbedding(nn.Module):
 
     Args:
         d_head: the size of a head; must be even (features are rotated in pairs).
-        base: the wavelengths' base, ``theta_i = base^(-2i / d_head)``; 10000 in the
-            paper and in Llama 1 and 2.
+        rope_theta: the wavelengths' base, ``theta_i = rope_theta^(-2i / d_head)``; 10000
+            in the paper and in Llama 1 and 2 (:attr:`mhbook.ModelConfig.rope_theta`).
         interleaved: ``False`` pairs feature ``i`` with ``i + d_head / 2`` (Llama's
             rotate-half layout), ``True`` pairs ``2i`` with ``2i + 1`` (the paper's).
         scaling: ``None``, or a :class:`RopeScaling` for a context longer than the
@@ -192,28 +198,36 @@ class RotaryEmbedding(nn.Module):
     def __init__(
         self,
         d_head: int,
-        base: float = 10000.0,
+        rope_theta: float = 10000.0,
         *,
         interleaved: bool = False,
         scaling: RopeScaling | None = None,
     ):
         super().__init__()
         _check_d_head(d_head)
-        check_number("base", base, 1.0, low_inclusive=False)
+        check_number("rope_theta", rope_theta, 1.0, low_inclusive=False)
         check_bool("interleaved", interleaved)
         if scaling is not None and not isinstance(scaling, RopeScaling):
             raise TypeError(f"scaling must be None or a RopeScaling, got {type(scaling).__name__}")
         self.d_head = d_head
-        self.base = float(base)
+        self.rope_theta = float(rope_theta)
         self.interleaved = interleaved
         self.scaling = scaling
+        # theta_i and the attention factor, made once per device (and settings) on first
+        # use, as Hugging Face's inv_freq buffer is made once; computed on the device
+        # itself, and not a buffer, so that a model made on the meta device has them too.
+        self._frequencies: dict[tuple, tuple[torch.Tensor, float]] = {}
 
     def extra_repr(self) -> str:
         scaling = "" if self.scaling is None else f", scaling={self.scaling}"
-        return f"d_head={self.d_head}, base={self.base:g}, interleaved={self.interleaved}{scaling}"
+        return (
+            f"d_head={self.d_head}, rope_theta={self.rope_theta:g}, "
+            f"interleaved={self.interleaved}{scaling}"
+        )
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate each of the ``T`` vectors of ``x`` by its position.
+        """Rotate each of the ``T`` vectors of ``x`` by its position: :meth:`tables`
+        then :meth:`rotate`, for standalone use (a model computes the tables once).
 
         Args:
             x: ``(batch, heads, T, d_head)`` queries or keys (any ``(..., T, d_head)``).
@@ -224,16 +238,43 @@ class RotaryEmbedding(nn.Module):
             The rotated ``x``, same shape and dtype.
         """
         self._check(x, positions)
-        theta, attention_factor = rope_frequencies(
-            self.d_head, self.base, self.scaling, device=positions.device
-        )
+        return self.rotate(x, *self.tables(positions, x.dtype))
+
+    def frequencies(self, device: torch.device) -> tuple[torch.Tensor, float]:
+        """``(theta, attention_factor)`` (:func:`rope_frequencies`), made once per device."""
+        key = (device, self.d_head, self.rope_theta, self.scaling)
+        if key not in self._frequencies:
+            self._frequencies[key] = rope_frequencies(
+                self.d_head, self.rope_theta, self.scaling, device=device
+            )
+        return self._frequencies[key]
+
+    def tables(
+        self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` of the angles ``m * theta_i`` of every position, once for the
+        queries and keys of every layer.
+
+        Args:
+            positions: integer ``(T,)``, or ``(batch, T)`` for one set per sequence.
+            dtype: of the tables (the queries' dtype); the angles are float32.
+
+        Returns:
+            ``cos``, ``sin``: ``(T, d_head / 2)``, or ``(batch, 1, T, d_head / 2)``
+            (broadcast across the heads), times YaRN's attention factor.
+        """
+        check_integers("positions", positions)
+        theta, attention_factor = self.frequencies(positions.device)
         angles = positions.float()[..., None] * theta  # (T, d/2) or (B, T, d/2), float32
         if positions.dim() == 2:  # (batch, T, d/2) -> (batch, 1, T, d/2), across the heads
             angles = angles.unsqueeze(1)
         cos, sin = angles.cos(), angles.sin()
         if attention_factor != 1.0:  # YaRN's: scales q and k, so the scores by its square
             cos, sin = cos * attention_factor, sin * attention_factor
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        return cos.to(dtype), sin.to(dtype)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``(..., T, d_head)`` by the tables of :meth:`tables`."""
         if self.interleaved:  # the paper: pairs (x_0, x_1), (x_2, x_3), ...
             pairs = x.unflatten(-1, (self.d_head // 2, 2))
             a, b = pairs[..., 0], pairs[..., 1]
@@ -249,10 +290,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"x must have shape (..., T, d_head={self.d_head}), got {got}")
         if not x.is_floating_point():
             raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-        if not isinstance(positions, torch.Tensor):
-            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
-        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-            raise TypeError(f"positions must hold integers, got dtype {positions.dtype}")
+        check_integers("positions", positions)
         T = x.size(-2)
         ok = (positions.dim() == 1 and positions.size(0) == T) or (
             positions.dim() == 2 and x.dim() == 4 and positions.shape == (x.size(0), T)
@@ -272,42 +310,3 @@ def _check_d_head(d_head) -> None:
     check_int("d_head", d_head, 2)
     if d_head % 2 != 0:
         raise ValueError(f"d_head must be even: RoPE rotates features in pairs, got {d_head}")
-
-
-def hf_rope(hf) -> tuple[float, RopeScaling | None]:
-    """``(rope_theta, rope_scaling)`` of a Hugging Face config's ``rope_parameters`` (or
-    of a model or layer that has one as ``.config``): ``"default"``, ``"linear"`` and
-    ``"yarn"`` (with the paper's attention factor and ramp); any other rope type or YaRN
-    option raises a ``ValueError`` naming it."""
-    config = getattr(hf, "config", hf)
-    rope = dict(getattr(config, "rope_parameters", None) or {})
-    theta, kind = float(rope.get("rope_theta", 10000.0)), rope.get("rope_type", "default")
-    if kind == "default":
-        return theta, None
-    if kind not in ("linear", "yarn"):
-        raise ValueError(
-            f"the book's model cannot express rope_parameters['rope_type']={kind!r} "
-            "(needs 'default', 'linear' or 'yarn')"
-        )
-    wrong = [
-        f"{k}={rope[k]!r}" for k in ("attention_factor", "mscale", "mscale_all_dim") if rope.get(k)
-    ]
-    wrong += ["truncate=False"] if rope.get("truncate", True) is False else []
-    if wrong:
-        raise ValueError(
-            "the book's YaRN has the paper's attention factor and rounded ramp; it cannot "
-            "express rope_parameters " + ", ".join(wrong)
-        )
-    longest = getattr(config, "max_position_embeddings", None)
-    original = rope.get("original_max_position_embeddings")
-    factor = rope.get("factor") or longest / original  # transformers' default for YaRN
-    if original is None:  # linear scaling does not record it: the context before scaling
-        original = max(1, round(longest / factor))
-    scaling = RopeScaling(
-        kind,
-        float(factor),
-        int(original),
-        beta_fast=float(rope.get("beta_fast") or 32.0),
-        beta_slow=float(rope.get("beta_slow") or 1.0),
-    )
-    return theta, scaling

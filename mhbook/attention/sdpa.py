@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.masks import causal_mask, check_mask
+from ..core.validate import check_heads
 
 __all__ = ["scaled_dot_product_attention", "attend"]
 
@@ -301,7 +302,6 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"k and v need the same (h_kv, S): heads and length, got {shapes}")
     if d != d_k:
         raise ValueError(f"q and k need the same feature size d, got {shapes}")
-    raise ValueError(
-        f"the number of key/value heads h_kv must divide the number of query heads h, "
-        f"got h={h}, h_kv={h_kv} ({shapes})"
-    )
+    if h_kv == 0:
+        raise ValueError(f"k and v need at least one key/value head, got {shapes}")
+    check_heads(h, h_kv)  # the heads are q's and k's dimension 1

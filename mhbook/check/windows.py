@@ -1,7 +1,7 @@
 """Checks of chapter 12: the sliding-window causal mask and the rolling KV cache.
 
 The references are PyTorch's FlexAttention ``create_mask`` (the mask its ``mask_mod``
-says, with the cache's offset) and ``mhbook.LayerCache(window=W)``.
+says, with the cache's offset) and ``mhbook.LayerCache().update(k, v, window=W)``.
 """
 
 from __future__ import annotations
@@ -161,7 +161,17 @@ def _call_rolling(impl, case: Case) -> dict:
 
 
 def _rolling_expected(case: Case) -> dict:
-    return _call_rolling(lambda W: LayerCache(window=W), case)
+    return _call_rolling(_WindowedLayerCache, case)
+
+
+class _WindowedLayerCache:
+    """mhbook's cache as a layer of window ``W`` uses it: told the window at every update."""
+
+    def __init__(self, window: int):
+        self.cache, self.window = LayerCache(), window
+
+    def update(self, k, v):
+        return self.cache.update(k, v, window=self.window)
 
 
 class _RollingReference:
@@ -263,5 +273,5 @@ def rolling_cache(impl):
     attend to: the kept keys and values followed by the new ones, in time order, ``(batch,
     h_kv, S + T_new, d)``; it then keeps only the last ``W`` tokens for the next update.
     The check feeds a prompt and steps and compares every update's return with
-    ``mhbook.LayerCache(window=W).update``.
+    ``mhbook.LayerCache().update(k, v, window=W)``.
     """

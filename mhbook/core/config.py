@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .validate import check_bool, check_choice, check_int, check_number
+from .validate import check_bool, check_choice, check_heads, check_int, check_number, check_window
 
 __all__ = [
     "ROPE_SCALINGS",
@@ -118,9 +118,8 @@ class ModelConfig(_Replace):
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm), see :data:`NORMS`.
         norm_eps: the norms' epsilon.
         ffn: ``"relu"``, ``"gelu"``, ``"swiglu"`` or ``"none"``, see :data:`FFNS`.
-        bias: ``True``: biases in every linear layer and LayerNorm; ``False``: none
-            (Llama). ``None`` (the default): the book's models as they have always been,
-            biases everywhere but in the decoder-only model's attention projections.
+        bias: ``True`` (the default, the 2017 block, GPT-2): biases in every linear layer
+            and LayerNorm; ``False``: none (Llama).
         num_kv_heads: heads of keys and values (grouped-query attention); ``None`` means
             ``num_heads`` (multi-head attention), 1 is multi-query attention.
             Must divide ``num_heads``.
@@ -136,7 +135,7 @@ class ModelConfig(_Replace):
         window: a sliding attention window of this many keys; ``None`` = full attention.
         sinks: with ``window``, every query also sees the first ``sinks`` tokens (attention
             sinks, Xiao et al., 2023), and the keys are positioned within the cache
-            (:attr:`mhbook.LayerCache.streaming`); 0 = none.
+            (:attr:`mhbook.MultiHeadAttention.streaming`); 0 = none.
         global_every: with ``window``, layer ``i`` attends to every earlier token when
             ``(i + 1) % global_every == 0`` and to the window otherwise (2: Gemma 2's
             alternation; 6: Gemma 3's five local layers to one global); ``None`` = the
@@ -165,7 +164,7 @@ class ModelConfig(_Replace):
     head_dim: int | None = None
     norm: str = "layer"
     ffn: str = "relu"
-    bias: bool | None = None
+    bias: bool = True
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
     tie_embeddings: bool = False
@@ -185,23 +184,12 @@ class ModelConfig(_Replace):
         check_number(f"{me}.norm_eps", self.norm_eps, 0.0)
         check_number(f"{me}.rope_theta", self.rope_theta, 1.0, low_inclusive=False)
         self._check_rope_scaling()
-        for name in ("norm_first", "tie_embeddings", "scale_embeddings"):
+        for name in ("norm_first", "tie_embeddings", "scale_embeddings", "bias"):
             check_bool(f"{me}.{name}", getattr(self, name))
-        if self.bias is not None:
-            check_bool(f"{me}.bias", self.bias)
         check_choice(f"{me}.position", self.position, POSITIONS)
         check_choice(f"{me}.norm", self.norm, NORMS)
         check_choice(f"{me}.ffn", self.ffn, FFNS)
-        if self.head_dim is None and self.d_model % self.num_heads != 0:
-            raise ValueError(
-                f"ModelConfig.d_model must be divisible by num_heads (or set head_dim): got "
-                f"d_model={self.d_model}, num_heads={self.num_heads}"
-            )
-        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads != 0:
-            raise ValueError(
-                f"ModelConfig.num_heads must be divisible by num_kv_heads: got num_heads="
-                f"{self.num_heads}, num_kv_heads={self.num_kv_heads}"
-            )
+        check_heads(self.num_heads, self.num_kv_heads, self.d_model, self.head_dim, prefix=f"{me}.")
         if self.d_latent is not None and self.d_latent > self.d_model:
             raise ValueError(
                 f"ModelConfig.d_latent must be at most d_model={self.d_model}, got {self.d_latent}"
@@ -212,14 +200,13 @@ class ModelConfig(_Replace):
                 "latent attention rebuilds a key and a value for every head from its latent; "
                 "leave num_kv_heads None"
             )
-        check_int(f"{me}.sinks", self.sinks, 0)
+        check_window(self.window, self.sinks, prefix=f"{me}.")
         check_int(f"{me}.global_every", self.global_every, 2, optional=True)
-        for name, value in (("sinks", self.sinks), ("global_every", self.global_every)):
-            if value and self.window is None:
-                raise ValueError(
-                    f"ModelConfig.{name}={value} needs a sliding window: set window (it "
-                    "changes which keys the windowed layers see)"
-                )
+        if self.global_every and self.window is None:
+            raise ValueError(
+                f"ModelConfig.global_every={self.global_every} needs a sliding window: set "
+                "window (it says which layers keep their window)"
+            )
         if self.position == "rope" and self.d_head % 2 != 0:
             raise ValueError(
                 f"ModelConfig.position='rope' needs an even head size (RoPE rotates pairs), "
@@ -304,7 +291,7 @@ class DataConfig(_Replace):
 
 @dataclass(frozen=True)
 class TrainConfig(_Replace):
-    """How :func:`mhbook.training.train.fit` trains: Adam, warm-up then cosine decay, clipping.
+    """How :func:`mhbook.fit` trains: Adam, warm-up then cosine decay, clipping.
 
     The defaults are the book's: every chapter that calls ``fit`` without a config trains
     as chapter 6 does.

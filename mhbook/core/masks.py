@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .validate import check_int
+from .validate import check_int, check_window
 
 __all__ = ["padding_mask", "causal_mask", "window_slots", "check_mask"]
 
@@ -112,7 +112,7 @@ def causal_mask(
     if num_keys is None:
         num_keys = num_queries
     check_int("num_keys", num_keys, 0)
-    _check_window(window, sinks)
+    check_window(window, sinks)
     if num_keys < num_queries:
         raise ValueError(
             f"a bottom-right causal mask needs num_keys >= num_queries, "
@@ -158,7 +158,7 @@ def window_slots(
     check_int("num_queries", num_queries, 0)
     check_int("num_keys", num_keys, num_queries)
     check_int("window", window, 1)
-    _check_window(window, sinks)
+    check_window(window, sinks)
     last = torch.arange(num_keys - num_queries, num_keys, device=device)[:, None]  # (Lq, 1)
     slot = torch.arange(sinks + window, device=device)  # (K,)
     num_sinks = (last + 1).clamp(max=sinks)  # sinks before the query (all, past the start)
@@ -166,17 +166,6 @@ def window_slots(
     index = torch.where(slot < num_sinks, slot, first_recent + slot - num_sinks)  # (Lq, K)
     valid = index <= last
     return torch.minimum(index, last), valid
-
-
-def _check_window(window: int | None, sinks: int) -> None:
-    if window is not None:
-        check_int("window", window, 1)
-    check_int("sinks", sinks, 0)
-    if sinks and window is None:
-        raise ValueError(
-            f"sinks={sinks} needs a window: the sinks are the first keys that a query of "
-            "a sliding window sees besides its window (without one it sees every key)"
-        )
 
 
 def check_mask(

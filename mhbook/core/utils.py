@@ -63,11 +63,11 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, config=None, **ex
 
     Args:
         config: a :class:`mhbook.Config` (stored as ``config.to_dict()``, read back with
-            :meth:`mhbook.Config.from_dict`), or ``None`` to store none.
+            :meth:`mhbook.Config.from_dict`) or such a dict, or ``None`` to store none.
         extra: numbers, strings, lists and dicts of them, e.g. ``history=...``.
     """
     if config is not None:
-        extra["config"] = config.to_dict()
+        extra["config"] = config if isinstance(config, dict) else config.to_dict()
     path = Path(path)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:

@@ -21,6 +21,9 @@ __all__ = [
     "check_module",
     "check_tokens",
     "check_positions",
+    "check_integers",
+    "check_heads",
+    "check_window",
     "check_features",
     "autocasting",
 ]
@@ -145,17 +148,58 @@ def check_tokens(
             )
 
 
+def check_integers(name: str, value: Any) -> None:
+    """``value`` must be a tensor of integers (positions, indices): not floating-point,
+    complex or bool."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
+
+
 def check_positions(positions: Any, batch: int, length: int, device: torch.device) -> None:
     """``positions`` must be an integer tensor ``(T,)`` or ``(batch, T)`` (one row of
     positions per sequence, e.g. a left-padded batch) on ``device``."""
-    if not isinstance(positions, torch.Tensor):
-        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    check_integers("positions", positions)
     if positions.shape not in ((length,), (batch, length)):
         raise ValueError(
             f"positions must have shape (T,) = ({length},) or (batch, T) = ({batch}, {length}), "
             f"got {tuple(positions.shape)}"
         )
-    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-        raise TypeError(f"positions must hold integers, got dtype {positions.dtype}")
     if positions.device != device:
         raise ValueError(f"positions must be on x's device {device}, got {positions.device}")
+
+
+def check_heads(
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    d_model: int | None = None,
+    d_head: int | None = None,
+    *,
+    prefix: str = "",
+) -> None:
+    """The heads' rules: ``num_kv_heads`` divides ``num_heads`` (each key/value head serves
+    a group of query heads), and without a fixed ``d_head`` ``num_heads`` divides
+    ``d_model``. ``prefix`` names the owner of the arguments (``"ModelConfig."``)."""
+    if num_kv_heads is not None and num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"{prefix}num_heads must be divisible by num_kv_heads (each key/value head serves "
+            f"a group of query heads): got num_heads={num_heads}, num_kv_heads={num_kv_heads}"
+        )
+    if d_model is not None and d_head is None and d_model % num_heads != 0:
+        raise ValueError(
+            f"{prefix}d_model must be divisible by num_heads (or give d_head): got "
+            f"d_model={d_model}, num_heads={num_heads}"
+        )
+
+
+def check_window(window: Any, sinks: Any, *, prefix: str = "") -> None:
+    """A sliding ``window`` (``None`` or an int >= 1) and its attention ``sinks`` (an int
+    >= 0): sinks need a window, they are the first keys a query sees besides its window."""
+    check_int(f"{prefix}window", window, 1, optional=True)
+    check_int(f"{prefix}sinks", sinks, 0)
+    if sinks and window is None:
+        raise ValueError(
+            f"{prefix}sinks={sinks} needs a sliding window: the sinks are the first keys "
+            "that a query sees besides its window (without one it sees every key)"
+        )

@@ -1,13 +1,16 @@
 """The models built from attention: the other layers (positional encoding, FFNs, norms, add
 & norm), the blocks and ``make_attention``, the encoder-decoder Transformer, the decoder-only
-language model, the one generation loop, and the Hugging Face mapping."""
+language model, the one generation loop, and the conversions: to and from Hugging Face
+``transformers`` (:mod:`~mhbook.models.hf`) and PyTorch's ``torch.nn`` layers
+(:mod:`~mhbook.models.torch_interop`)."""
 
-from . import blocks, generation, hf, layers, lm, transformer
+from . import blocks, generation, hf, layers, lm, torch_interop, transformer
 from .blocks import *  # noqa: F403
 from .generation import *  # noqa: F403
 from .hf import *  # noqa: F403
 from .layers import *  # noqa: F403
 from .lm import *  # noqa: F403
+from .torch_interop import *  # noqa: F403
 from .transformer import *  # noqa: F403
 
 __all__ = [
@@ -17,4 +20,5 @@ __all__ = [
     *lm.__all__,
     *generation.__all__,
     *hf.__all__,
+    *torch_interop.__all__,
 ]

@@ -1,8 +1,9 @@
 """The blocks every model of mhbook is a stack of, each built from a :class:`ModelConfig`.
 
 * :func:`make_attention`: the attention layer the config describes (multi-head,
-  grouped-query, multi-query or latent; RoPE, ALiBi or no position inside it). Every
-  block gets its attention from it, so every model obeys the config alike.
+  grouped-query, multi-query or latent; RoPE, ALiBi or no position inside it; local
+  with its window and sinks, or global), for layer ``i`` of a stack. Every block gets its
+  attention from it, so every model obeys the config alike.
 * :class:`EncoderBlock`: self-attention, then a feed-forward network.
 * :class:`DecoderBlock`: masked self-attention, cross-attention to the encoder's output,
   then a feed-forward network.
@@ -21,7 +22,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..attention.cache import KVCache, LayerCache
@@ -32,6 +32,7 @@ from .layers import AddNorm, PositionalEncoding, make_ffn, make_norm
 
 __all__ = [
     "make_attention",
+    "make_rope",
     "EncoderBlock",
     "DecoderBlock",
     "DecoderOnlyBlock",
@@ -40,7 +41,7 @@ __all__ = [
 
 
 def make_attention(
-    config: ModelConfig, *, cross: bool = False, decoder_only: bool = False
+    config: ModelConfig, *, cross: bool = False, layer: int | None = None
 ) -> nn.Module:
     """The attention layer ``config`` describes.
 
@@ -54,20 +55,35 @@ def make_attention(
       :class:`mhbook.ALiBi` when it is ``"alibi"`` (in self-attention only:
       cross-attention has no shared positions, and never a latent).
 
+    The self-attention is told its kind, as TransformerLens's ``Attention(cfg, attn_type,
+    layer)`` is: a local layer gets ``window`` and ``sinks``
+    (:attr:`~mhbook.ModelConfig.layer_windows`), builds its own causal mask and tells its
+    cache what to keep; a global layer gets no window.
+
     Args:
         config: the model's :class:`~mhbook.ModelConfig`.
-        cross: cross-attention of a decoder to the encoder's output.
-        decoder_only: for a decoder-only model: with ``config.bias=None`` no biases in
-            the projections (as chapter 9's model has them), and the queries projected
-            before the keys and values, as chapter 9's models were trained (the same
-            output; the last bits of training follow that order).
+        cross: cross-attention of a decoder to the encoder's output (never a window).
+        layer: the layer's index in its stack, for its window
+            (``config.layer_windows[layer]``); ``None``: ``config.window``.
 
     Every layer is called ``layer(x, key=None, value=None, mask=None, *, is_causal,
     positions, cache, need_weights)`` and returns ``(output, weights or None)``.
     """
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a mhbook.ModelConfig, got {type(config).__name__}")
-    bias = config.bias if config.bias is not None else not decoder_only
+    bias = config.bias
+    if cross:
+        window = None
+    elif layer is None:
+        window = config.window
+    else:
+        check_int("layer", layer, 0)
+        if layer >= config.num_layers:
+            raise ValueError(
+                f"layer must be below ModelConfig.num_layers={config.num_layers}, got {layer}"
+            )
+        window = config.layer_windows[layer]
+    local = {"window": window, "sinks": config.sinks if window is not None else 0}
     if config.d_latent is not None and not cross:
         from ..attention.mla import MultiHeadLatentAttention
 
@@ -90,20 +106,17 @@ def make_attention(
             bias,
             d_head=config.head_dim,
             d_rope=config.d_rope,
-            rope_base=config.rope_theta,
+            rope_theta=config.rope_theta,
+            **local,
         )
     extra: dict[str, nn.Module] = {}
     if not cross and config.position == "rope":
-        from ..attention.rope import RotaryEmbedding
-
-        extra["rope"] = RotaryEmbedding(
-            config.d_head, config.rope_theta, scaling=config.rope_scaling
-        )
+        extra["rope"] = make_rope(config)
     elif not cross and config.position == "alibi":
         from ..attention.alibi import ALiBi
 
         extra["alibi"] = ALiBi(config.num_heads)
-    layer = MultiHeadAttention(
+    return MultiHeadAttention(
         config.d_model,
         config.num_heads,
         num_kv_heads=config.num_kv_heads,
@@ -111,9 +124,16 @@ def make_attention(
         bias=bias,
         d_head=config.head_dim,
         **extra,
+        **local,
     )
-    layer._queries_first = decoder_only  # chapters 9-12's training, bit for bit
-    return layer
+
+
+def make_rope(config: ModelConfig):
+    """The :class:`mhbook.RotaryEmbedding` of ``config`` (``position="rope"``): heads of
+    ``config.d_head``, base ``config.rope_theta``, scaled by ``config.rope_scaling``."""
+    from ..attention.rope import RotaryEmbedding
+
+    return RotaryEmbedding(config.d_head, config.rope_theta, scaling=config.rope_scaling)
 
 
 def _make_ffn(config: ModelConfig) -> nn.Module | None:
@@ -126,47 +146,7 @@ def _add_norm(config: ModelConfig) -> AddNorm:
     return AddNorm(config.d_model, config.dropout, config.norm_first, norm=make_norm(config))
 
 
-class _Block(nn.Module):
-    """What the encoder and decoder blocks share: a copy of PyTorch's layer (:meth:`from_torch`)."""
-
-    #: the PyTorch layer this block mirrors, and its attentions: ours -> PyTorch's name
-    torch_layer: type[nn.Module]
-    attentions: dict[str, str]
-
-    @classmethod
-    def from_torch(cls, layer: nn.Module) -> _Block:
-        """Copy a PyTorch layer (:attr:`torch_layer`, ``batch_first=True``, ReLU or GELU):
-        same weights, same outputs.
-
-        Same outputs in training too when the dropout is 0. PyTorch's layer also drops
-        the feed-forward network's hidden units, which no block of mhbook does (see
-        :attr:`ModelConfig.dropout`)."""
-        _check_torch_layer(layer, cls.torch_layer)
-        config = ModelConfig(
-            d_model=layer.self_attn.embed_dim,
-            num_heads=layer.self_attn.num_heads,
-            num_layers=1,
-            d_ff=layer.linear1.out_features,
-            dropout=layer.dropout.p,
-            attention_dropout=layer.self_attn.dropout,
-            norm_first=layer.norm_first,
-            norm_eps=layer.norm1.eps,
-            ffn=_activation(layer),
-            bias=layer.linear1.bias is not None,
-        )
-        block = cls(config).to(layer.linear1.weight.device, layer.linear1.weight.dtype)
-        for ours, theirs in cls.attentions.items():
-            setattr(block, ours, MultiHeadAttention.from_torch(getattr(layer, theirs)))
-        with torch.no_grad():
-            block.ffn.linear1.load_state_dict(layer.linear1.state_dict())
-            block.ffn.linear2.load_state_dict(layer.linear2.state_dict())
-            for i in range(1, len(cls.attentions) + 2):  # one norm per sublayer
-                norm = getattr(layer, f"norm{i}")
-                getattr(block, f"addnorm{i}").norm.load_state_dict(norm.state_dict())
-        return block
-
-
-class EncoderBlock(_Block):
+class EncoderBlock(nn.Module):
     """Self-attention then a feed-forward network, each wrapped in :class:`AddNorm`.
 
     Args:
@@ -179,15 +159,13 @@ class EncoderBlock(_Block):
 
     Example: ``EncoderBlock(ModelConfig(d_model=512, num_heads=8, d_ff=2048))``.
 
-    ``from_torch(layer)`` copies an ``nn.TransformerEncoderLayer(..., batch_first=True)``.
+    :func:`~mhbook.models.torch_interop.encoder_block_from_torch` copies an
+    ``nn.TransformerEncoderLayer(..., batch_first=True)``.
     """
 
-    torch_layer = nn.TransformerEncoderLayer
-    attentions = {"self_attn": "self_attn"}
-
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__()
-        self.self_attn = make_attention(config)
+        self.self_attn = make_attention(config, layer=layer)
         self.ffn = _make_ffn(config)
         self.addnorm1 = _add_norm(config)
         self.addnorm2 = _add_norm(config) if self.ffn is not None else None
@@ -198,21 +176,19 @@ class EncoderBlock(_Block):
         return x if self.ffn is None else self.addnorm2(x, self.ffn)
 
 
-class DecoderBlock(_Block):
+class DecoderBlock(nn.Module):
     """Masked self-attention, cross-attention to the encoder's output, then a
     feed-forward network, each wrapped in :class:`AddNorm`.
 
     Arguments as for :class:`EncoderBlock`; the cross-attention comes from
-    ``make_attention(config, cross=True)``. ``from_torch(layer)`` copies an
+    ``make_attention(config, cross=True)``.
+    :func:`~mhbook.models.torch_interop.decoder_block_from_torch` copies an
     ``nn.TransformerDecoderLayer(..., batch_first=True)``.
     """
 
-    torch_layer = nn.TransformerDecoderLayer
-    attentions = {"self_attn": "self_attn", "cross_attn": "multihead_attn"}
-
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__()
-        self.self_attn = make_attention(config)
+        self.self_attn = make_attention(config, layer=layer)
         self.cross_attn = make_attention(config, cross=True)
         self.ffn = _make_ffn(config)
         self.addnorm1 = _add_norm(config)
@@ -268,9 +244,9 @@ class DecoderOnlyBlock(nn.Module):
     al. (2021).
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__()
-        self.self_attn = make_attention(config, decoder_only=True)
+        self.self_attn = make_attention(config, layer=layer)
         self.ffn = _make_ffn(config)
         self.addnorm1 = _add_norm(config)
         self.addnorm2 = _add_norm(config) if self.ffn is not None else None
@@ -283,14 +259,21 @@ class DecoderOnlyBlock(nn.Module):
         *,
         is_causal: bool = False,
         positions: torch.Tensor | None = None,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """``x`` ``(batch, T, d_model)``; ``mask`` bool, broadcastable to
         ``(batch, h, T, S)``; ``cache`` this block's :class:`mhbook.LayerCache` or ``None``;
-        ``positions`` ``(T,)`` or ``(batch, T)`` (see :class:`mhbook.MultiHeadAttention`)."""
+        ``positions`` ``(T,)`` or ``(batch, T)`` and ``rope_tables`` their ``(cos, sin)``
+        (see :class:`mhbook.MultiHeadAttention`)."""
         x = self.addnorm1(
             x,
             lambda x: self.self_attn(
-                x, mask=mask, is_causal=is_causal, positions=positions, cache=cache
+                x,
+                mask=mask,
+                is_causal=is_causal,
+                positions=positions,
+                cache=cache,
+                rope_tables=rope_tables,
             )[0],
         )
         return x if self.ffn is None else self.addnorm2(x, self.ffn)
@@ -309,7 +292,7 @@ class Stack(nn.Module):
     Args:
         config: a :class:`mhbook.ModelConfig`.
         vocab_size: the number of tokens.
-        block: the block class, built as ``block(config)``.
+        block: the block class, built as ``block(config, layer=i)`` for layer ``i``.
         output: add the output layer.
     """
 
@@ -329,10 +312,10 @@ class Stack(nn.Module):
         else:
             self.pos_encoding = None
             self.dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(block(config) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(block(config, layer=i) for i in range(config.num_layers))
         self.norm = make_norm(config) if config.norm_first else nn.Identity()
         if output:
-            self.output = nn.Linear(config.d_model, vocab_size, bias=config.bias is not False)
+            self.output = nn.Linear(config.d_model, vocab_size, bias=config.bias)
             if config.tie_embeddings:
                 self.output.weight = self.embedding.weight
 
@@ -349,17 +332,10 @@ class Stack(nn.Module):
         return self.dropout(x)
 
     def new_cache(self) -> KVCache:
-        """An empty :class:`mhbook.KVCache`, one layer cache per block; with
-        ``config.window`` a rolling one that keeps the last ``window`` tokens (and the
-        first ``config.sinks``) in the layers that have the window
-        (:attr:`~mhbook.ModelConfig.layer_windows`). The one place where a model's cache
-        is made."""
-        windows = self._cache_windows()
-        return KVCache(len(windows), window=windows, sinks=self.config.sinks)
-
-    def _cache_windows(self) -> tuple[int | None, ...]:
-        """The window of each layer cache (one layer cache for a model without blocks)."""
-        return self.config.layer_windows or (self.config.window,)
+        """An empty :class:`mhbook.KVCache`, one layer cache per block (one for a model
+        without blocks, which still counts the tokens). The one place where a model's
+        cache is made; each layer tells its cache what to keep (its window and sinks)."""
+        return KVCache(max(1, len(self.blocks)))
 
     def _count_without_blocks(self, cache: KVCache | None, length: int) -> None:
         """A model without blocks caches nothing, but its cache still counts the tokens
@@ -379,33 +355,3 @@ class Stack(nn.Module):
             raise ValueError(
                 f"the model has {len(self.blocks)} layers but the cache has {len(cache.layers)}"
             )
-        windows, sinks = self._cache_windows(), self.config.sinks
-        if (cache.windows, cache.sinks) != (windows, sinks):
-            raise ValueError(
-                f"the cache keeps {_span(cache.windows, cache.sinks)} tokens but the model "
-                f"attends to {_span(windows, sinks)}: use model.new_cache()"
-            )
-
-
-def _span(windows: tuple[int | None, ...], sinks: int) -> str:
-    """``window=4`` (every layer's), or ``windows=(4, None)``, and ``sinks=`` if any."""
-    span = f"window={windows[0]}" if len(set(windows)) == 1 else f"windows={windows}"
-    return span + (f", sinks={sinks}" if sinks else "")
-
-
-def _check_torch_layer(layer, kind) -> None:
-    if not isinstance(layer, kind):
-        raise TypeError(f"expected {kind.__name__}, got {type(layer).__name__}")
-    if not layer.self_attn.batch_first:
-        raise ValueError(f"expected {kind.__name__}(..., batch_first=True), got batch_first=False")
-    _activation(layer)
-
-
-def _activation(layer) -> str:
-    """``"relu"`` or ``"gelu"``: the activation of a PyTorch encoder or decoder layer."""
-    act = layer.activation
-    if act is F.relu or isinstance(act, nn.ReLU):
-        return "relu"
-    if act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
-        return "gelu"
-    raise ValueError(f"only ReLU and GELU are supported, got activation {act}")

@@ -11,8 +11,8 @@ The next token is the most likely one (``temperature=0``, greedy), or it is draw
 the smallest set of tokens whose probabilities add up to ``top_p`` (nucleus sampling,
 Holtzman et al., 2020): :func:`next_token_probs`.
 
-:meth:`mhbook.DecoderOnlyLM.generate` and :meth:`mhbook.Transformer.generate` (and its
-``greedy_decode``) both call :func:`generate`.
+:meth:`mhbook.DecoderOnlyLM.generate` and :meth:`mhbook.Transformer.generate` both call
+:func:`generate`.
 """
 
 from __future__ import annotations

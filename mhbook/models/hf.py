@@ -1,4 +1,14 @@
-"""The book's language model as a Hugging Face model: configs and weights, both ways.
+"""Everything mhbook knows of Hugging Face ``transformers``: configs, weights and layers, both ways.
+
+* :func:`lm_to_hf` / :func:`lm_from_hf`: a :class:`~mhbook.DecoderOnlyLM` and a
+  ``LlamaForCausalLM`` (``MistralForCausalLM`` with a window);
+* :func:`attention_from_hf`: a :class:`~mhbook.MultiHeadAttention` from a ``LlamaAttention``
+  or ``MistralAttention``;
+* :func:`mla_from_hf`: a :class:`~mhbook.MultiHeadLatentAttention` from a
+  ``DeepseekV3Attention``;
+* :func:`hf_config` / :func:`model_config`: a :class:`~mhbook.ModelConfig` and a
+  ``LlamaConfig`` or ``MistralConfig``; :func:`hf_rope`: the RoPE of a Hugging Face config;
+* :data:`LLAMA_NAMES`, :func:`to_hf_names` / :func:`from_hf_names`: the weights' names.
 
 A :class:`~mhbook.ModelConfig` of the Llama shape (pre-norm RMSNorm, SwiGLU, RoPE, no
 biases, unscaled embeddings, no residual dropout) is a ``transformers.LlamaConfig``; with a
@@ -14,7 +24,7 @@ sliding ``window`` it is a ``MistralConfig``. The weights only change names::
     norm                                   model.norm
     output                                 lm_head
 
-:meth:`mhbook.DecoderOnlyLM.to_hf` and :meth:`~mhbook.DecoderOnlyLM.from_hf` use these.
+:func:`lm_to_hf` and :func:`lm_from_hf` use these.
 A :class:`~mhbook.RopeScaling` is written to ``rope_parameters``: ``"linear"`` and
 ``"yarn"`` as Hugging Face's rope types of those names. Hugging Face has no static
 NTK-aware scaling (its ``"dynamic"`` grows the factor with the sequence length), but static
@@ -28,13 +38,22 @@ read back, it is a config with that ``rope_theta`` and no ``rope_scaling``).
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from ..attention.rope import hf_rope, ntk_base
-from ..core.config import ModelConfig
+from ..attention.mla import MultiHeadLatentAttention
+from ..attention.multihead import MultiHeadAttention
+from ..attention.rope import RotaryEmbedding, ntk_base
+from ..core.config import ModelConfig, RopeScaling
+from .lm import DecoderOnlyLM
 
 __all__ = [
+    "lm_to_hf",
+    "lm_from_hf",
+    "attention_from_hf",
+    "mla_from_hf",
     "hf_config",
     "model_config",
+    "hf_rope",
     "to_hf_names",
     "from_hf_names",
     "LLAMA_NAMES",
@@ -71,6 +90,164 @@ _LLAMA_SHAPE = {
 }
 
 
+# -- the language model ------------------------------------------------------------------------
+def lm_to_hf(model: DecoderOnlyLM, **special_tokens):
+    """``model`` as a ``transformers.LlamaForCausalLM`` (a ``MistralForCausalLM`` when
+    ``config.window`` is set): the same weights, on the same device and dtype, in the same
+    mode, giving the same logits.
+
+    The config must be Llama-shaped (see :func:`hf_config`); a field the Hugging Face class
+    cannot express (LayerNorm, ReLU, biases, sinusoidal positions, scaled embeddings, ...)
+    raises a ``ValueError`` naming it, and so does a set ``head_mask``. ``special_tokens``
+    (``bos_token_id``, ``eos_token_id``, ``pad_token_id``) go into its config.
+    ``save_pretrained(folder)`` then writes a checkpoint that
+    ``transformers.AutoModelForCausalLM.from_pretrained(folder)`` loads.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if not isinstance(model, DecoderOnlyLM):
+        raise TypeError(f"expected a mhbook.DecoderOnlyLM, got {type(model).__name__}")
+    config = hf_config(model.config, model.vocab_size, **special_tokens)
+    weight = model.embedding.weight
+    with torch.random.fork_rng(devices=[]):  # its random initialisation, overwritten below
+        hf = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
+    hf.to(weight.device)
+    hf.load_state_dict(to_hf_names(model.state_dict(), len(model.blocks)))
+    hf.train(model.training)
+    return hf
+
+
+def lm_from_hf(model) -> DecoderOnlyLM:
+    """The book's :class:`~mhbook.DecoderOnlyLM` of a Hugging Face ``LlamaForCausalLM`` or
+    ``MistralForCausalLM``: same weights, device, dtype and mode, same logits. A setting
+    the book's model cannot express (a RoPE other than default, linear or YaRN, biases,
+    another activation) raises a ``ValueError`` naming it (see :func:`model_config`)."""
+    config, vocab_size = model_config(model)
+    weight = model.get_input_embeddings().weight
+    with torch.device("meta"):
+        ours = DecoderOnlyLM(config, vocab_size)
+    ours.to_empty(device=weight.device).to(weight.dtype)
+    ours.load_state_dict(from_hf_names(model.state_dict(), config.num_layers))
+    if config.tie_embeddings:
+        ours.output.weight = ours.embedding.weight
+    ours.train(model.training)
+    return ours
+
+
+# -- attention layers --------------------------------------------------------------------------
+def attention_from_hf(m: nn.Module) -> MultiHeadAttention:
+    """Copy a Hugging Face ``LlamaAttention`` or ``MistralAttention`` (``transformers``
+    5): a :class:`~mhbook.MultiHeadAttention` with the same weights (``q_proj``,
+    ``k_proj``, ``v_proj``, ``o_proj`` are ``W_q``, ``W_k``, ``W_v``, ``W_o``), device,
+    dtype and mode, giving the same outputs, with a :class:`mhbook.RotaryEmbedding` of the
+    model's ``rope_theta`` and RoPE scaling.
+
+    Mistral's sliding window is not a property of the layer, in ``transformers`` as
+    here: it is in the mask (``causal_mask(T, S, window=config.sliding_window)``).
+    The default, ``"linear"`` and ``"yarn"`` RoPE are copied (see :func:`hf_rope`); another
+    ``rope_type`` raises a ``ValueError``, and so do biases in some projections but not
+    all. A module that is not such a layer raises a ``TypeError`` naming what it lacks.
+    """
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "config", "head_dim"):
+        if not hasattr(m, name):
+            raise TypeError(
+                f"expected a Hugging Face LlamaAttention or MistralAttention, got "
+                f"{type(m).__name__} (it has no {name})"
+            )
+    config = m.config
+    rope_theta, rope_scaling = hf_rope(config)
+    bias = m.q_proj.bias is not None
+    if (m.o_proj.bias is not None) != bias:
+        raise ValueError(
+            "mhbook's layer has biases in all four projections or in none; this one has "
+            f"q_proj bias {bias}, o_proj bias {m.o_proj.bias is not None}"
+        )
+    weight = m.q_proj.weight
+    ours = MultiHeadAttention(
+        config.hidden_size,
+        config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
+        bias=bias,
+        d_head=m.head_dim,
+        rope=RotaryEmbedding(m.head_dim, rope_theta, scaling=rope_scaling),
+    ).to(weight.device, weight.dtype)
+    with torch.no_grad():
+        for mine, theirs in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj")):
+            getattr(ours, mine).load_state_dict(getattr(m, theirs).state_dict())
+        ours.W_o.load_state_dict(m.o_proj.state_dict())
+    ours.train(m.training)
+    return ours
+
+
+def mla_from_hf(m: nn.Module) -> MultiHeadLatentAttention:
+    """Copy a Hugging Face ``DeepseekV3Attention``: a
+    :class:`~mhbook.MultiHeadLatentAttention` with the same weights, device and dtype,
+    giving the same outputs.
+
+    The layouts (see :mod:`mhbook.attention.mla`): ``q_proj`` (or, with ``q_lora_rank``,
+    ``q_a_proj``, ``q_a_layernorm``, ``q_b_proj``) holds ``W_q`` and ``W_qr`` side by side
+    per head (``(h * (d_head + d_rope), ...)``); ``kv_a_proj_with_mqa`` is ``W_dkv``
+    (``d_latent`` rows) and ``W_kr`` (``d_rope`` rows) stacked; ``kv_b_proj`` is ``W_uk``
+    and ``W_uv`` side by side per head (``(h * (d_head + d_v), d_latent)``). Its latent RMS
+    norms become PyTorch's ``nn.RMSNorm`` (same formula; Hugging Face's computes in
+    float32 even for float64 inputs). ``rope_interleave`` is copied; RoPE scaling (YaRN)
+    and fewer key/value heads than heads raise a ``ValueError``.
+    """
+    config = m.config
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"only the default RoPE is supported, got {rope!r}")
+    if m.num_key_value_groups != 1:
+        raise ValueError("DeepseekV3Attention with num_key_value_heads != num_heads")
+    h = m.num_heads
+    d_head, d_rope, d_v = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+    d_latent, d_q_latent = m.kv_lora_rank, m.q_lora_rank
+    weight = m.kv_b_proj.weight
+    ours = MultiHeadLatentAttention(
+        m.hidden_size,
+        h,
+        d_latent,
+        dropout=float(m.attention_dropout or 0.0),
+        bias=m.kv_a_proj_with_mqa.bias is not None,
+        d_head=d_head,
+        d_rope=d_rope,
+        d_v=d_v,
+        d_q_latent=d_q_latent,
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rope_interleaved=bool(config.rope_interleave),
+        norm_eps=m.kv_a_layernorm.variance_epsilon,
+    ).to(weight.device, weight.dtype)
+    with torch.no_grad():
+        q_proj = m.q_proj if d_q_latent is None else m.q_b_proj
+        if d_q_latent is not None:
+            _copy_linear(ours.W_dq, m.q_a_proj.weight, m.q_a_proj.bias)
+            ours.q_norm.weight.copy_(m.q_a_layernorm.weight)
+        q = q_proj.weight.view(h, d_head + d_rope, -1)
+        ours.W_q.weight.copy_(q[:, :d_head].reshape(h * d_head, -1))
+        kv_a = m.kv_a_proj_with_mqa
+        bias = kv_a.bias
+        _copy_linear(ours.W_dkv, kv_a.weight[:d_latent], None if bias is None else bias[:d_latent])
+        ours.kv_norm.weight.copy_(m.kv_a_layernorm.weight)
+        if d_rope:
+            ours.W_qr.weight.copy_(q[:, d_head:].reshape(h * d_rope, -1))
+            _copy_linear(
+                ours.W_kr, kv_a.weight[d_latent:], None if bias is None else bias[d_latent:]
+            )
+        kv_b = m.kv_b_proj.weight.view(h, d_head + d_v, d_latent)
+        ours.W_uk.weight.copy_(kv_b[:, :d_head].reshape(h * d_head, d_latent))
+        ours.W_uv.weight.copy_(kv_b[:, d_head:].reshape(h * d_v, d_latent))
+        _copy_linear(ours.W_o, m.o_proj.weight, m.o_proj.bias)
+    return ours
+
+
+def _copy_linear(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    linear.weight.copy_(weight)
+    if bias is not None:
+        linear.bias.copy_(bias)
+
+
+# -- configs -----------------------------------------------------------------------------------
 def hf_config(config: ModelConfig, vocab_size: int, **special_tokens):
     """The ``transformers.LlamaConfig`` (or ``MistralConfig`` when ``config.window`` is
     set) of a model built from ``config``.
@@ -183,6 +360,46 @@ def model_config(hf) -> tuple[ModelConfig, int]:
     return ours, config.vocab_size
 
 
+def hf_rope(hf) -> tuple[float, RopeScaling | None]:
+    """``(rope_theta, rope_scaling)`` of a Hugging Face config's ``rope_parameters`` (or
+    of a model or layer that has one as ``.config``): ``"default"``, ``"linear"`` and
+    ``"yarn"`` (with the paper's attention factor and ramp); any other rope type or YaRN
+    option raises a ``ValueError`` naming it."""
+    config = getattr(hf, "config", hf)
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    theta, kind = float(rope.get("rope_theta", 10000.0)), rope.get("rope_type", "default")
+    if kind == "default":
+        return theta, None
+    if kind not in ("linear", "yarn"):
+        raise ValueError(
+            f"the book's model cannot express rope_parameters['rope_type']={kind!r} "
+            "(needs 'default', 'linear' or 'yarn')"
+        )
+    wrong = [
+        f"{k}={rope[k]!r}" for k in ("attention_factor", "mscale", "mscale_all_dim") if rope.get(k)
+    ]
+    wrong += ["truncate=False"] if rope.get("truncate", True) is False else []
+    if wrong:
+        raise ValueError(
+            "the book's YaRN has the paper's attention factor and rounded ramp; it cannot "
+            "express rope_parameters " + ", ".join(wrong)
+        )
+    longest = getattr(config, "max_position_embeddings", None)
+    original = rope.get("original_max_position_embeddings")
+    factor = rope.get("factor") or longest / original  # transformers' default for YaRN
+    if original is None:  # linear scaling does not record it: the context before scaling
+        original = max(1, round(longest / factor))
+    scaling = RopeScaling(
+        kind,
+        float(factor),
+        int(original),
+        beta_fast=float(rope.get("beta_fast") or 32.0),
+        beta_slow=float(rope.get("beta_slow") or 1.0),
+    )
+    return theta, scaling
+
+
+# -- the weights' names ------------------------------------------------------------------------
 def _renamer(num_layers: int, reverse: bool) -> dict[str, str]:
     pairs = {}
     for ours, theirs in LLAMA_NAMES.items():

@@ -186,13 +186,13 @@ def make_norm(config) -> nn.Module:
     ``nn.LayerNorm`` (with a bias unless ``config.bias is False``) or an :class:`RMSNorm`."""
     if config.norm == "rms":
         return RMSNorm(config.d_model, config.norm_eps)
-    return nn.LayerNorm(config.d_model, config.norm_eps, bias=config.bias is not False)
+    return nn.LayerNorm(config.d_model, config.norm_eps, bias=config.bias)
 
 
 def make_ffn(config) -> nn.Module:
     """The feed-forward network ``config.ffn`` names: a :class:`PositionWiseFFN` with
     ReLU or GELU, or a :class:`SwiGLU`; biases unless ``config.bias is False``."""
-    bias = config.bias is not False
+    bias = config.bias
     if config.ffn == "swiglu":
         return SwiGLU(config.d_model, config.d_ff, bias=bias)
     return PositionWiseFFN(config.d_model, config.d_ff, config.ffn, bias=bias)

@@ -24,8 +24,8 @@ import torch
 
 from ..attention.cache import KVCache
 from ..core.config import ModelConfig
-from ..core.masks import causal_mask, padding_mask
-from .blocks import DecoderOnlyBlock, Stack
+from ..core.masks import padding_mask
+from .blocks import DecoderOnlyBlock, Stack, make_rope
 from .generation import generate
 
 __all__ = ["DecoderOnlyLM"]
@@ -37,11 +37,11 @@ class DecoderOnlyLM(Stack):
 
     Every field of the config is obeyed. With the defaults this is chapter 9's model:
     embeddings scaled by ``sqrt(d_model)``, chapter 5's sinusoidal encoding added to them,
-    post-norm LayerNorm, ReLU, biases but in the attention projections. ``"rope"`` and
+    post-norm LayerNorm, ReLU, biases. ``"rope"`` and
     ``"alibi"`` act inside attention, ``"none"`` gives no position at all (the causal mask
     alone). With ``config.norm_first`` a final norm precedes the output layer. A
     Llama-shaped config (see :class:`~mhbook.ModelConfig`) gives a model that
-    :meth:`to_hf` turns into a ``transformers.LlamaForCausalLM``.
+    :func:`~mhbook.models.hf.lm_to_hf` turns into a ``transformers.LlamaForCausalLM``.
 
     Args:
         config: a :class:`mhbook.ModelConfig`.
@@ -57,6 +57,10 @@ class DecoderOnlyLM(Stack):
 
     def __init__(self, config: ModelConfig, vocab_size: int):
         super().__init__(config, vocab_size, DecoderOnlyBlock, output=True)
+        # RoPE's cos and sin, computed once per forward pass and handed to every layer
+        # (Hugging Face's ``rotary_emb``); the layers' own ``rope`` rotates with them.
+        rope = config.position == "rope" and config.d_latent is None and not config.sinks
+        self.rope = make_rope(config) if rope else None
 
     def forward(
         self,
@@ -82,7 +86,11 @@ class DecoderOnlyLM(Stack):
                 and ALiBi (Hugging Face's ``position_ids``); default ``cache.length +
                 arange(T)``. Not with sinusoidal positions, which are added to the
                 embeddings from ``cache.length`` on, nor with ``config.sinks``, which
-                places the keys within the cache (:attr:`mhbook.LayerCache.streaming`).
+                places the keys within the cache
+                (:attr:`mhbook.MultiHeadAttention.streaming`).
+
+        Each layer masks causally itself (within its window, if it has one) and tells its
+        cache what to keep; RoPE's tables are computed here once for all layers.
 
         Returns:
             ``(batch, T, vocab_size)``; for ``T = 0``, an empty ``(batch, 0, vocab_size)``.
@@ -107,20 +115,22 @@ class DecoderOnlyLM(Stack):
                     f"{tuple(tokens.shape)}, got {got}"
                 )
             padding = padding_mask(valid_lens, length)  # (batch, 1, 1, T)
-        if cache is None and self.config.sinks and self.config.position in ("rope", "alibi"):
-            # With sinks, keys are positioned within the cache (LayerCache.streaming): the
-            # whole sequence is what decoding it into a fresh cache gives.
-            cache = self.new_cache()
-        masks = {}  # one mask per (window, kept tokens): local and global layers differ
-        for i, (block, window) in enumerate(zip(self.blocks, self.config.layer_windows)):
-            layer_cache = None if cache is None else cache.layers[i]
-            kept = 0 if layer_cache is None else layer_cache.num_kept
-            if (window, kept) not in masks:
-                # Bottom-right aligned: the new tokens see the kept ones and the earlier new ones.
-                sinks = self.config.sinks if window is not None else 0
-                mask = causal_mask(length, kept + length, tokens.device, window=window, sinks=sinks)
-                masks[window, kept] = mask if padding is None else mask & padding
-            x = block(x, masks[window, kept], layer_cache, positions=positions)
+        rope_tables = None
+        if self.rope is not None:  # once, for every layer
+            at = positions
+            if at is None:
+                at = torch.arange(past, past + length, device=x.device)
+            rope_tables = self.rope.tables(at)
+        layer_caches = [None] * len(self.blocks) if cache is None else cache.layers
+        for block, layer_cache in zip(self.blocks, layer_caches):
+            x = block(
+                x,
+                padding,
+                layer_cache,
+                is_causal=True,
+                positions=positions,
+                rope_tables=rope_tables,
+            )
         self._count_without_blocks(cache, length)
         return self.output(self.norm(x))
 
@@ -131,49 +141,3 @@ class DecoderOnlyLM(Stack):
 
         Returns ``(batch, n)``, the new tokens."""
         return generate(self, prompt, max_new_tokens, **options)
-
-    # -- Hugging Face ----------------------------------------------------------------
-    def to_hf(self, **special_tokens):
-        """This model as a ``transformers.LlamaForCausalLM`` (a ``MistralForCausalLM``
-        when ``config.window`` is set): the same weights, on the same device and dtype,
-        in the same mode, giving the same logits.
-
-        The config must be Llama-shaped (see :func:`mhbook.models.hf.hf_config`); a field the
-        Hugging Face class cannot express (LayerNorm, ReLU, biases, sinusoidal positions,
-        scaled embeddings, ...) raises a ``ValueError`` naming it, and so does a set
-        ``head_mask``. ``special_tokens`` (``bos_token_id``, ``eos_token_id``,
-        ``pad_token_id``) go into its config. ``save_pretrained(folder)`` then writes a
-        checkpoint that ``transformers.AutoModelForCausalLM.from_pretrained(folder)``
-        loads.
-        """
-        from transformers import AutoModelForCausalLM
-
-        from .hf import hf_config, to_hf_names
-
-        config = hf_config(self.config, self.vocab_size, **special_tokens)
-        weight = self.embedding.weight
-        with torch.random.fork_rng(devices=[]):  # its random initialisation, overwritten below
-            model = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
-        model.to(weight.device)
-        model.load_state_dict(to_hf_names(self.state_dict(), len(self.blocks)))
-        model.train(self.training)
-        return model
-
-    @classmethod
-    def from_hf(cls, model) -> DecoderOnlyLM:
-        """The book's model of a Hugging Face ``LlamaForCausalLM`` or
-        ``MistralForCausalLM``: same weights, device, dtype and mode, same logits. A
-        setting the book's model cannot express (a scaled RoPE, biases, another
-        activation) raises a ``ValueError`` naming it."""
-        from .hf import from_hf_names, model_config
-
-        config, vocab_size = model_config(model)
-        weight = model.get_input_embeddings().weight
-        with torch.device("meta"):
-            ours = cls(config, vocab_size)
-        ours.to_empty(device=weight.device).to(weight.dtype)
-        ours.load_state_dict(from_hf_names(model.state_dict(), config.num_layers))
-        if config.tie_embeddings:
-            ours.output.weight = ours.embedding.weight
-        ours.train(model.training)
-        return ours

@@ -186,23 +186,6 @@ class Transformer(nn.Module):
                 **sampling,
             )
 
-    def greedy_decode(
-        self,
-        src: torch.Tensor,
-        src_valid_lens: torch.Tensor,
-        bos_id: int,
-        eos_id: int,
-        max_len: int,
-        use_cache: bool = True,
-    ) -> torch.Tensor:
-        """Translate by picking the most likely token at every step: :meth:`generate`
-        with its defaults (``temperature=0``), under the name and argument order of
-        chapters 6 to 8. With ``use_cache=False`` the whole prefix is run again at every
-        step; both give the same tokens."""
-        return self.generate(
-            src, src_valid_lens, max_len, bos_id=bos_id, eos_id=eos_id, use_cache=use_cache
-        )
-
 
 @contextmanager
 def record_attention(model: nn.Module):

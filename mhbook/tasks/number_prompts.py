@@ -26,16 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .bleu import translation_scores
-from .numbers import (
-    SPLITS,
-    NumberTranslation,
-    Vocab,
-    _batch_indices,
-    _check_batches,
-    detokenize,
-    english_words,
-    tokenize,
-)
+from .numbers import NumberTranslation, Vocab, detokenize, english_words, tokenize
+from .splits import SPLITS, PaddedSplits, pad
 
 __all__ = ["SEPARATOR", "LMBatch", "PromptCompletion", "completion_loss", "evaluate_lm"]
 
@@ -89,7 +81,7 @@ class PromptCompletion:
         train = data.pairs("train")
         self.vocab = Vocab(t for en, fr in train for t in (*tokenize(en), SEPARATOR, *tokenize(fr)))
         self.separator_id = self.vocab.token_to_id[SEPARATOR]
-        self._tensors: dict[str, tuple[torch.Tensor, ...]] = {}
+        self._splits = PaddedSplits(self._encode_split, LMBatch, lengths={"tokens": "valid_lens"})
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{s}={len(self.translation.numbers[s])}" for s in SPLITS)
@@ -121,18 +113,14 @@ class PromptCompletion:
         return self.translation.max_target_len()
 
     # -- batches (the batch protocol of mhbook.fit) ---------------------------------------
-    def _split_tensors(self, split: str) -> tuple[torch.Tensor, ...]:
-        if split not in self._tensors:
-            pairs = self.pairs(split)
-            prompts = [self.encode_prompt(en) for en, _ in pairs]
-            sequences = [p + self.encode_completion(fr) for p, (_, fr) in zip(prompts, pairs)]
-            lens = torch.tensor([len(s) for s in sequences], dtype=torch.long)
-            tokens = torch.full((len(sequences), int(lens.max())), self.vocab.pad_id)
-            for i, s in enumerate(sequences):
-                tokens[i, : len(s)] = torch.tensor(s)
-            prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-            self._tensors[split] = (tokens, prompt_lens, lens)
-        return self._tensors[split]
+    def _encode_split(self, split: str) -> LMBatch:
+        """The whole split, encoded and padded once (on the CPU)."""
+        pairs = self.pairs(split)
+        prompts = [self.encode_prompt(en) for en, _ in pairs]
+        sequences = [p + self.encode_completion(fr) for p, (_, fr) in zip(prompts, pairs)]
+        tokens, lens = pad(sequences, self.vocab.pad_id)
+        prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        return LMBatch(tokens, prompt_lens, lens)
 
     def batches(
         self,
@@ -150,11 +138,12 @@ class PromptCompletion:
         Yields:
             :class:`LMBatch`.
         """
-        split, shuffle = _check_batches(split, batch_size, shuffle)
-        tokens, prompt_lens, lens = self._split_tensors(split)
-        for idx in _batch_indices(tokens.size(0), batch_size, shuffle, generator, drop_last):
-            batch = LMBatch(tokens[idx, : int(lens[idx].max())], prompt_lens[idx], lens[idx])
-            yield batch if device is None else batch.to(device)
+        return self._splits.batches(split, batch_size, shuffle, device, generator, drop_last)
+
+    def loss_fn(self, model: nn.Module, batch: LMBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """This task's loss, the one :func:`mhbook.fit` and :func:`mhbook.valid_loss` take
+        from the data: :func:`completion_loss`."""
+        return completion_loss(model, batch)
 
     # -- generation ----------------------------------------------------------------------
     @torch.no_grad()
@@ -208,7 +197,7 @@ def completion_loss(model: nn.Module, batch: LMBatch) -> tuple[torch.Tensor, tor
     in the completion: ``prompt_len <= t + 1 < valid_len``. The predictions of the
     prompt's own tokens (and of the padding) are left out: the prompt is given.
 
-    Usable as ``mhbook.fit(model, data, loss_fn=completion_loss)``.
+    :meth:`PromptCompletion.loss_fn`, the loss ``mhbook.fit(model, data)`` takes from the data.
 
     Returns:
         ``(loss, n_tokens)``: the mean over the completion tokens, and their number.

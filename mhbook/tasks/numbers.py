@@ -26,9 +26,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from num2words import num2words
+from torch import nn
 
-from ..core.validate import check_int
+from .splits import SPLITS, PaddedSplits, check_split, pad
 
 __all__ = [
     "english_words",
@@ -38,9 +40,9 @@ __all__ = [
     "Vocab",
     "Batch",
     "NumberTranslation",
+    "sequence_loss",
+    "translation_loss",
 ]
-
-SPLITS = ("train", "valid", "test")
 
 
 def english_words(n: int) -> str:
@@ -236,7 +238,15 @@ class NumberTranslation:
         train = self._pairs["train"]
         self.src_vocab = Vocab(t for en, _ in train for t in tokenize(en))
         self.tgt_vocab = Vocab(t for _, fr in train for t in tokenize(fr))
-        self._tensors: dict[str, tuple[torch.Tensor, ...]] = {}
+        self._splits = PaddedSplits(
+            self._encode_split,
+            Batch,
+            lengths={
+                "src": "src_valid_lens",
+                "tgt_in": "tgt_valid_lens",
+                "tgt_out": "tgt_valid_lens",
+            },
+        )
         self._max_target_len: int | None = None
 
     def __repr__(self) -> str:
@@ -248,7 +258,7 @@ class NumberTranslation:
 
     def pairs(self, split: str = "train") -> list[tuple[str, str]]:
         """The ``(english, french)`` sentence pairs of ``split``."""
-        return list(self._pairs[_check_split(split)])
+        return list(self._pairs[check_split(split)])
 
     def max_target_len(self) -> int:
         """The longest French sentence in tokens, ``<eos>`` included, over all splits."""
@@ -257,20 +267,17 @@ class NumberTranslation:
             self._max_target_len = max(lengths, default=1)
         return self._max_target_len
 
-    # -- tensors ----------------------------------------------------------------------
-    def _split_tensors(self, split: str) -> tuple[torch.Tensor, ...]:
+    # -- batches (the batch protocol of mhbook.fit) -------------------------------------
+    def _encode_split(self, split: str) -> Batch:
         """The whole split, encoded and padded once (on the CPU)."""
-        if split not in self._tensors:
-            pairs = self._pairs[split]
-            src, src_lens = _pad(
-                [self.src_vocab.encode(tokenize(en)) + [self.src_vocab.eos_id] for en, _ in pairs]
-            )
-            fr_ids = [self.tgt_vocab.encode(tokenize(fr)) for _, fr in pairs]
-            bos, eos = self.tgt_vocab.bos_id, self.tgt_vocab.eos_id
-            tgt_in, tgt_lens = _pad([[bos] + ids for ids in fr_ids])
-            tgt_out, _ = _pad([ids + [eos] for ids in fr_ids])
-            self._tensors[split] = (src, src_lens, tgt_in, tgt_out, tgt_lens)
-        return self._tensors[split]
+        pairs = self._pairs[split]
+        eos = self.src_vocab.eos_id
+        src, src_lens = pad([self.src_vocab.encode(tokenize(en)) + [eos] for en, _ in pairs])
+        fr_ids = [self.tgt_vocab.encode(tokenize(fr)) for _, fr in pairs]
+        bos, eos = self.tgt_vocab.bos_id, self.tgt_vocab.eos_id
+        tgt_in, tgt_lens = pad([[bos] + ids for ids in fr_ids])
+        tgt_out, _ = pad([ids + [eos] for ids in fr_ids])
+        return Batch(src, src_lens, tgt_in, tgt_out, tgt_lens)
 
     def batches(
         self,
@@ -296,13 +303,16 @@ class NumberTranslation:
         Yields:
             :class:`Batch` with ``src`` ``(batch, S)``, ``tgt_in`` and ``tgt_out`` ``(batch, T)``.
         """
-        split, shuffle = _check_batches(split, batch_size, shuffle)
-        src, src_lens, tgt_in, tgt_out, tgt_lens = self._split_tensors(split)
-        for idx in _batch_indices(src.size(0), batch_size, shuffle, generator, drop_last):
-            s_len, t_len = src_lens[idx], tgt_lens[idx]
-            S, T = int(s_len.max()), int(t_len.max())
-            batch = Batch(src[idx, :S], s_len, tgt_in[idx, :T], tgt_out[idx, :T], t_len)
-            yield batch if device is None else batch.to(device)
+        return self._splits.batches(split, batch_size, shuffle, device, generator, drop_last)
+
+    def loss_fn(
+        self, model: nn.Module, batch: Batch, label_smoothing: float = 0.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This task's loss, the one :func:`mhbook.fit` and :func:`mhbook.valid_loss` take
+        from the data: :func:`translation_loss` with this target vocabulary's ``<pad>``."""
+        return translation_loss(
+            model, batch, pad_id=self.tgt_vocab.pad_id, label_smoothing=label_smoothing
+        )
 
     def encode_source(
         self, sentences: Sequence[str | int], device: torch.device | str | None = None
@@ -319,7 +329,7 @@ class NumberTranslation:
             raise ValueError("sentences is empty")
         texts = [english_words(s) if isinstance(s, int) else s for s in sentences]
         eos = self.src_vocab.eos_id
-        src, lens = _pad([self.src_vocab.encode(tokenize(t)) + [eos] for t in texts])
+        src, lens = pad([self.src_vocab.encode(tokenize(t)) + [eos] for t in texts])
         return src.to(device), lens.to(device)
 
     def decode_target(self, ids: torch.Tensor) -> list[str]:
@@ -344,7 +354,7 @@ class NumberTranslation:
         device: torch.device | str | None = None,
         max_len: int | None = None,
     ) -> list[str]:
-        """Translate with ``model.greedy_decode`` (KV cache on).
+        """Translate greedily with ``model.generate`` (KV cache on).
 
         Args:
             model: a :class:`mhbook.Transformer` trained on this data.
@@ -361,12 +371,12 @@ class NumberTranslation:
         if max_len is None:
             max_len = self.max_target_len() + 5
         src, src_valid_lens = self.encode_source(english_sentences, device)
-        ids = model.greedy_decode(
+        ids = model.generate(
             src,
             src_valid_lens,
-            self.tgt_vocab.bos_id,
-            self.tgt_vocab.eos_id,
             max_len,
+            bos_id=self.tgt_vocab.bos_id,
+            eos_id=self.tgt_vocab.eos_id,
             use_cache=True,
         )
         return self.decode_target(ids)
@@ -379,42 +389,52 @@ def _check_number(n) -> None:
         raise ValueError(f"expected a non-negative int, got {n}")
 
 
-# The splits and the batches of a task; mhbook.tasks.number_prompts's PromptCompletion, the same
-# task as one
-# sequence, shares them.
-def _check_split(split: str) -> str:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return split
+# -- losses -------------------------------------------------------------------------------
+def sequence_loss(
+    logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int, label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """Mean cross-entropy over the non-padding target tokens.
+
+    With label smoothing ``ε`` the target of each token is ``1 - ε`` on the right id
+    plus ``ε / vocab_size`` everywhere: the loss is ``(1 - ε) NLL + ε mean_v(-log p_v)``.
+
+    Args:
+        logits: ``(batch, T, vocab_size)``.
+        tgt_out: ``(batch, T)`` the ids to predict; positions holding ``pad_id`` are ignored.
+        label_smoothing: ``ε`` in ``[0, 1)``.
+
+    Returns:
+        A 0-dim tensor.
+    """
+    if logits.dim() != 3 or logits.shape[:2] != tgt_out.shape:
+        raise ValueError(
+            "logits must be (batch, T, vocab_size) for tgt_out (batch, T) = "
+            f"{tuple(tgt_out.shape)}, got {tuple(logits.shape)}"
+        )
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)),
+        tgt_out.reshape(-1),
+        ignore_index=pad_id,
+        label_smoothing=label_smoothing,
+    )
 
 
-def _check_batches(split: str, batch_size: int, shuffle: bool | None) -> tuple[str, bool]:
-    """The checked ``split`` and ``shuffle`` of ``batches``: by default only ``"train"``
-    is shuffled."""
-    split = _check_split(split)
-    check_int("batch_size", batch_size)
-    return split, (split == "train") if shuffle is None else shuffle
+def translation_loss(
+    model: nn.Module, batch: Batch, *, pad_id: int, label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder-decoder's loss on a :class:`Batch`, with teacher forcing.
 
+    ``model(batch.src, batch.tgt_in, batch.src_valid_lens)`` gives logits
+    ``(batch, T, vocab_size)``, scored by :func:`sequence_loss` against ``batch.tgt_out``.
+    :meth:`NumberTranslation.loss_fn` is this loss with the task's ``pad_id``.
 
-def _batch_indices(
-    n: int, batch_size: int, shuffle: bool, generator: torch.Generator | None, drop_last: bool
-) -> Iterator[torch.Tensor]:
-    """The indices of each mini-batch of one pass over ``n`` examples, in order or shuffled
-    by ``generator``; without a last, smaller batch when ``drop_last``."""
-    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-    stop = n - n % batch_size if drop_last else n
-    for start in range(0, stop, batch_size):
-        yield order[start : start + batch_size]
-
-
-def _pad(sequences: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lists of ids -> ``(len(sequences), longest)`` padded with ``pad_id``, and their lengths."""
-    lens = torch.tensor([len(s) for s in sequences], dtype=torch.long)
-    longest = max((len(s) for s in sequences), default=0)
-    out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
-    for i, s in enumerate(sequences):
-        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out, lens
+    Returns:
+        ``(loss, n_tokens)``: the mean cross-entropy over the non-padding target tokens,
+        and their number (a 0-dim tensor on the batch's device).
+    """
+    logits = model(batch.src, batch.tgt_in, batch.src_valid_lens)
+    loss = sequence_loss(logits, batch.tgt_out, pad_id, label_smoothing)
+    return loss, (batch.tgt_out != pad_id).sum()
 
 
 def _draw_numbers(total: int, max_number: int, rng: random.Random) -> list[int]:

@@ -187,7 +187,7 @@ def train_bpe(text: str, vocab_size: int = 512):
 # -- batches -------------------------------------------------------------------------------
 class TextData:
     """Token ids of a training and a validation text, cut into windows of ``context``
-    tokens: the batch protocol of :func:`mhbook.training.train.fit`.
+    tokens: the batch protocol of :func:`mhbook.fit`.
 
     A batch is ``(x, y)``, both ``(batch, context)`` int64: ``x`` a window of the text and
     ``y`` the same window one token later (the next token at every position).
@@ -200,11 +200,14 @@ class TextData:
     Args:
         train, valid: 1-D token ids (lists or tensors).
         context: ``T``, the tokens a model reads at once.
+        tokenizer: what made the ids (e.g. a :class:`CharTokenizer`), kept as
+            ``data.tokenizer`` for the model's users; ``None`` if not given.
     """
 
-    def __init__(self, train: Sequence[int] | torch.Tensor, valid, context: int):
+    def __init__(self, train: Sequence[int] | torch.Tensor, valid, context: int, tokenizer=None):
         check_int("context", context, 1)
         self.context = context
+        self.tokenizer = tokenizer
         self.ids = {"train": _ids("train", train), "valid": _ids("valid", valid)}
         for split, ids in self.ids.items():
             if ids.numel() < context + 1:
@@ -253,7 +256,7 @@ def _ids(name: str, ids) -> torch.Tensor:
 
 def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
     """The next-token cross-entropy of a :class:`TextData` batch, in nats per token, and the
-    number of tokens: ``loss_fn`` of :func:`mhbook.training.train.fit`."""
+    number of tokens: ``loss_fn`` of :func:`mhbook.fit`."""
     x, y = batch
     logits = model(x)  # (B, T, vocab)
     loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())

@@ -1,8 +1,11 @@
-"""Training: ``fit`` and its optimiser and schedule, the book's Transformer trained once
-(``book_model``), and Part V's Shakespeare model (``shakespeare_model``)."""
+"""Training: the trainer (``fit``, any model on any data), models trained once and kept in a
+checkpoint (``train_once``), the book's translation model (``book_model``, Part II) and its
+Shakespeare language model (``shakespeare_model``, Part V)."""
 
-from . import shakespeare_lm, train
+from . import checkpoints, shakespeare_lm, trainer, translation
+from .checkpoints import *  # noqa: F403
 from .shakespeare_lm import *  # noqa: F403
-from .train import *  # noqa: F403
+from .trainer import *  # noqa: F403
+from .translation import *  # noqa: F403
 
-__all__ = [*train.__all__, *shakespeare_lm.__all__]
+__all__ = [*trainer.__all__, *checkpoints.__all__, *translation.__all__, *shakespeare_lm.__all__]

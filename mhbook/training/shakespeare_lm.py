@@ -4,7 +4,7 @@ The model is nanoGPT's ``shakespeare_char`` quick-start in the modern block: cha
 4 layers, 4 heads, ``d_model`` 128, a context of 64, no dropout; RMSNorm before each
 sublayer, a SwiGLU feed-forward network, RoPE inside attention, grouped-query attention
 (two key/value heads for four query heads) and no biases: a
-``transformers.LlamaForCausalLM`` in all but name (:meth:`mhbook.DecoderOnlyLM.to_hf`).
+``transformers.LlamaForCausalLM`` in all but name (:func:`mhbook.lm_to_hf`).
 
 :func:`shakespeare_model` trains it once and keeps it in a checkpoint that the three
 chapters of Part V share, under a lock (as :func:`mhbook.book_model` does for Part II):
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 
 import torch
 
 from ..core.config import ModelConfig, TrainConfig
-from ..core.utils import cpu_or_gpu, get_device, save_checkpoint, set_seed
+from ..core.utils import cpu_or_gpu, get_device
 from ..models.lm import DecoderOnlyLM
 from ..tasks.shakespeare import CharTokenizer, TextData, lm_loss, load_shakespeare, split_text
-from .train import _exclusive, _read_checkpoint, fit
+from .checkpoints import TrainedModel, train_once
+from .trainer import fit
 
 __all__ = [
     "SHAKESPEARE_MODEL",
@@ -78,13 +78,13 @@ SHAKESPEARE_GPU_TRAIN = SHAKESPEARE_TRAIN.replace(num_steps=4000, batch_size=32,
 _VERSION = 1  # bump when what the same configs train changes
 
 
-def shakespeare_data(context: int = SHAKESPEARE_CONTEXT) -> tuple[TextData, CharTokenizer]:
-    """``(data, tokenizer)``: the corpus split 90/10 and encoded by characters, in windows
-    of ``context`` tokens."""
+def shakespeare_data(context: int = SHAKESPEARE_CONTEXT) -> TextData:
+    """The corpus split 90/10 and encoded by characters, in windows of ``context`` tokens;
+    its :class:`~mhbook.CharTokenizer` is ``data.tokenizer``."""
     text = load_shakespeare()
     chars = CharTokenizer(text)
     train, valid = split_text(text)
-    return TextData(chars.encode(train), chars.encode(valid), context), chars
+    return TextData(chars.encode(train), chars.encode(valid), context, tokenizer=chars)
 
 
 def shakespeare_model(
@@ -95,13 +95,13 @@ def shakespeare_model(
     retrain: bool = False,
     progress: bool = True,
     device: torch.device | str | None = None,
-) -> tuple[DecoderOnlyLM, TextData, CharTokenizer, dict | None]:
+) -> TrainedModel:
     """Part V's trained model, loaded from ``checkpoint`` or trained now.
 
     Trained (from ``set_seed(train.seed)``, on one thread: the same weights on every CPU
     run) when the checkpoint is missing, was written for other configs, or ``retrain``;
     then saved there. Decided under the checkpoint's lock, so that two chapters started
-    at once train it once.
+    at once train it once (:func:`~mhbook.training.checkpoints.train_once`).
 
     Args:
         train: default :data:`SHAKESPEARE_TRAIN` on a CPU; on a GPU (or with
@@ -109,32 +109,31 @@ def shakespeare_model(
             of 32 windows, about 10 times the characters.
 
     Returns:
-        ``(model, data, tokenizer, history)``: the model in eval mode on ``device``
-        (default :func:`mhbook.get_device`), :func:`shakespeare_data`, and the history of
-        :func:`mhbook.training.train.fit` (``None`` if not recorded).
+        A :class:`~mhbook.TrainedModel` ``(model, data, history)``, as
+        :func:`mhbook.book_model`'s: the model in eval mode on ``device`` (default
+        :func:`mhbook.get_device`), :func:`shakespeare_data` (its tokenizer is
+        ``data.tokenizer``), and the history of :func:`mhbook.fit` (``None`` if not
+        recorded).
     """
-    data, chars = shakespeare_data()
+    data = shakespeare_data()
     device = torch.device(device) if device is not None else get_device()
     if train is None:
         train = cpu_or_gpu(SHAKESPEARE_TRAIN, SHAKESPEARE_GPU_TRAIN, device)
     expected = {
         "model_config": dataclasses.asdict(config),
         "train_config": dataclasses.asdict(train),
-        "chars": "".join(chars.chars),
+        "chars": "".join(data.tokenizer.chars),
         "version": _VERSION,
     }
-    with _exclusive(checkpoint):
-        if checkpoint is not None and Path(checkpoint).exists() and not retrain:
-            stored = _read_checkpoint(checkpoint, say=progress)
-            if stored and all(stored.get(k) == v for k, v in expected.items()):
-                model = DecoderOnlyLM(config, chars.vocab_size)
-                model.load_state_dict(stored["model"])
-                return model.to(device).eval(), data, chars, stored.get("history")
-            if stored and progress:
-                print(f"{checkpoint} was written for other configs: training again.")
-        set_seed(train.seed)
-        model = DecoderOnlyLM(config, chars.vocab_size).to(device)
-        history = fit(model, data, train, loss_fn=lm_loss, device=device, progress=progress)
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, model, history=history, **expected)
-        return model.eval(), data, chars, history
+    model, history = train_once(
+        checkpoint,
+        expected,
+        build=lambda: DecoderOnlyLM(config, data.tokenizer.vocab_size).to(device),
+        train=lambda model: fit(
+            model, data, train, loss_fn=lm_loss, device=device, progress=progress
+        ),
+        seed=train.seed,
+        retrain=retrain,
+        progress=progress,
+    )
+    return TrainedModel(model, data, history)

@@ -33,7 +33,7 @@ import torch
 from ..models.transformer import record_attention
 from ..tasks.bleu import exact_match
 from ..tasks.numbers import detokenize, tokenize
-from ..training.train import cpu_threads, valid_loss
+from ..training.trainer import cpu_threads, valid_loss
 
 __all__ = ["Kind", "KINDS", "layer_name", "ViewerData", "viewer_data", "passage_attention"]
 
@@ -144,7 +144,8 @@ def _greedy_ids(model, data, english, device, max_len, batch_size) -> list[list[
     out = []
     for start in range(0, len(english), batch_size):
         src, lens = data.encode_source(english[start : start + batch_size], device)
-        ids = model.greedy_decode(src, lens, data.tgt_vocab.bos_id, eos, max_len).tolist()
+        bos = data.tgt_vocab.bos_id
+        ids = model.generate(src, lens, max_len, bos_id=bos, eos_id=eos).tolist()
         out += [row[: row.index(eos) + 1] if eos in row else row for row in ids]
     return out
 
@@ -188,7 +189,7 @@ def viewer_data(
 
     The weights come from one teacher-forced pass over the model's own greedy output. Each
     head is then removed in turn with ``head_mask``, as chapter 7 does: one teacher-forced
-    pass for its loss (:func:`mhbook.training.train.valid_loss`) and one batched greedy decoding of
+    pass for its loss (:func:`mhbook.valid_loss`) and one batched greedy decoding of
     the split. For the book's model and the 1,000 test numbers that is 25 passes and 25
     decodings, about 20 s on one CPU thread.
 
@@ -199,7 +200,7 @@ def viewer_data(
         batch_size: sentences per batch.
         max_len: at most this many French tokens; default: the longest target plus 5.
         num_threads: on a CPU, run PyTorch on this many threads meanwhile (``None``: as it
-            is). One thread, the default, as :func:`mhbook.training.train.fit` trains: small batches
+            is). One thread, the default, as :func:`mhbook.fit` trains: small batches
             gain little from more, and threads that wait for a busy core lose a lot.
     """
     device = next(model.parameters()).device

@@ -19,10 +19,14 @@ Llama's weights and its 65 characters (:data:`LIVE_LM_FILE`), :func:`shipped_lm`
 model of exactly those weights, and :func:`live_lm_html` is the panel, whose plain JavaScript
 forward (``static/live_lm.js``: ``rmsNorm``, ``swiglu``, ``rope``, ``attention`` with grouped-query
 heads and the rolling KV cache of the sliding window, ``decoderOnlyBlock``, ``decoderOnlyLM``)
-continues the reader's prompt, greedily or sampled at a temperature from a seeded generator,
+continues the reader's prompt, sampled at a temperature from a seeded generator (the panel
+opens on 0.8 and seed 0, as chapter 14 samples, since greedy decoding loops) or greedily,
 character by character, with the attention of the last character drawn
 (``tests/test_browser_live_lm.py`` compares it with PyTorch). What both panels share (the
-weights' loading, ``linear``, ``softmax``, the heatmap) is ``static/live_core.js``.
+weights' loading, ``linear``, ``softmax``, ``argmax``, attention head by head, ``addNorm`` as
+:class:`~mhbook.AddNorm` with ``norm_first``, the cache's bytes, the heatmap, the load on open
+and the console API) is ``static/live_core.js``. Each panel's HTML is a template in ``static/``
+(``live.html``, ``live_lm.html``), filled by :class:`string.Template` with HTML-escaped values.
 
 The choice of a plain JavaScript forward over ``onnxruntime-web`` is recorded in CONTRIBUTING.
 """
@@ -34,7 +38,9 @@ import hashlib
 import html
 import json
 import os
+from importlib import resources
 from pathlib import Path
+from string import Template
 
 import numpy as np
 import torch
@@ -68,6 +74,17 @@ LIVE_LM_FILE = "live/shakespeare.json"
 LM_WINDOW = 64
 MAX_NUMBER = 999_999
 _CONFIG_FIELDS = ("d_model", "num_heads", "num_layers", "d_ff", "norm_eps", "scale_embeddings")
+
+
+def _panel(template: str, **values: str) -> str:
+    """``static/template`` (HTML) with its ``${name}`` placeholders filled by ``values``, each
+    HTML-escaped (quotes too: a value may stand in an attribute). A placeholder without a value,
+    or a stray ``$``, raises. The template's leading ``<!-- ... -->`` note is for its readers
+    and is dropped."""
+    text = resources.files(__package__).joinpath("static", template).read_text(encoding="utf-8")
+    if text.startswith("<!--"):
+        text = text[text.index("-->") + 3 :]
+    return Template(text).substitute({k: html.escape(v, quote=True) for k, v in values.items()})
 
 
 def _check_supported(config: ModelConfig) -> None:
@@ -207,33 +224,7 @@ def live_translator_html(url: str = f"../_static/{LIVE_FILE}", example: str = "7
     from IPython.display import HTML
 
     uid = "mhbook-live-" + hashlib.sha1(url.encode()).hexdigest()[:8]
-    body = f"""
-<details class="mhbook-live">
-  <summary>Try the trained model: type a number and watch every head translate it</summary>
-  <div class="mhbook-live-body">
-    <p class="mhbook-live-status" role="status" aria-live="polite">Open to load the weights.</p>
-    <form class="mhbook-live-form">
-      <label for="{uid}-input">A number from 0 to 999,999, in digits or English words</label>
-      <input id="{uid}-input" class="mhbook-live-input" type="text" value="{example}"
-        autocomplete="off" spellcheck="false">
-      <button type="submit">Translate</button>
-      <button type="button" class="mhbook-live-step">Step</button>
-      <button type="button" class="mhbook-live-reset">Start over</button>
-    </form>
-    <p class="mhbook-live-error" role="alert" hidden></p>
-    <p>English: <span class="mhbook-live-english"></span></p>
-    <p>French: <output class="mhbook-live-french" for="{uid}-input"></output></p>
-    <table class="mhbook-live-cache">
-      <caption>The KV cache, step by step (float32 numbers held by all decoder layers)</caption>
-      <thead><tr><th scope="col">step</th><th scope="col">fed</th><th scope="col">wrote</th>
-        <th scope="col">French tokens cached per layer</th>
-        <th scope="col">English tokens cached per layer (cross)</th>
-        <th scope="col">bytes</th></tr></thead>
-      <tbody></tbody>
-    </table>
-    <div class="mhbook-live-maps"></div>
-  </div>
-</details>"""
+    body = _panel("live.html", uid=uid, example=example)
     data = {"url": url, "scale": colour_scale(), "maxNumber": MAX_NUMBER}
     return HTML(
         embed(uid, body, ["live_core.js", "live.js"], data, css=["explorer.css", "live.css"])
@@ -361,7 +352,8 @@ def live_lm_html(url: str = f"../_static/{LIVE_LM_FILE}", prompt: str = "ROMEO:\
     ``url`` when the reader opens it; a prompt, a temperature (0: greedy), a seed and a
     number of characters; the continuation streamed into the page as it is generated; the
     KV cache; the attention of the last character over its window, for a layer and head the
-    reader picks.
+    reader picks. It opens on temperature 0.8 and seed 0, as chapter 14's samples, with a line
+    saying why: greedy decoding takes the same character after the same text, and loops.
 
     ``window.mhbookLive`` gains ``complete(prompt, n, {temperature, seed})`` (a promise of
     the ``n`` new characters: greedy by default, else sampled with the seeded generator
@@ -375,49 +367,7 @@ def live_lm_html(url: str = f"../_static/{LIVE_LM_FILE}", prompt: str = "ROMEO:\
     from IPython.display import HTML
 
     uid = "mhbook-live-lm-" + hashlib.sha1(url.encode()).hexdigest()[:8]
-    body = f"""
-<details class="mhbook-live mhbook-live-lm">
-  <summary>Try the trained model: write a prompt and watch it continue, one character at a
-    time</summary>
-  <div class="mhbook-live-body">
-    <p class="mhbook-live-status" role="status" aria-live="polite">Open to load the weights.</p>
-    <form class="mhbook-live-lm-form">
-      <label for="{uid}-prompt">A prompt, in the characters of Tiny Shakespeare
-        (Ctrl+Enter generates)</label>
-      <textarea id="{uid}-prompt" class="mhbook-live-lm-prompt" rows="3" autocomplete="off"
-        spellcheck="false">{html.escape(prompt)}</textarea>
-      <div class="mhbook-live-lm-controls">
-        <span><label for="{uid}-temperature">Temperature</label>
-          <input id="{uid}-temperature" class="mhbook-live-lm-temperature" type="range"
-            min="0" max="2" step="0.1" value="0">
-          <output class="mhbook-live-lm-temperature-value" for="{uid}-temperature">0
-            (greedy)</output></span>
-        <span><label for="{uid}-seed">Seed</label>
-          <input id="{uid}-seed" class="mhbook-live-lm-seed" type="number" min="0"
-            max="4294967295" step="1" value="0"></span>
-        <span><label for="{uid}-length">Characters</label>
-          <input id="{uid}-length" class="mhbook-live-lm-length" type="number" min="1"
-            max="2000" step="1" value="200"></span>
-        <span><button type="submit">Generate</button>
-          <button type="button" class="mhbook-live-lm-stop">Stop</button></span>
-      </div>
-    </form>
-    <p class="mhbook-live-error" role="alert" hidden></p>
-    <pre class="mhbook-live-lm-text" tabindex="0" role="region"
-      aria-label="The prompt and what the model wrote"><span
-      class="mhbook-live-lm-given"></span><span class="mhbook-live-lm-new"></span></pre>
-    <p class="mhbook-live-lm-cache"></p>
-    <div class="mhbook-live-lm-controls">
-      <span><label for="{uid}-layer">Layer</label>
-        <select id="{uid}-layer" class="mhbook-live-lm-layer"></select></span>
-      <span><label for="{uid}-head">Head</label>
-        <select id="{uid}-head" class="mhbook-live-lm-head"></select></span>
-    </div>
-    <div class="mhbook-live-maps" tabindex="0" role="region"
-      aria-label="The attention of the last character"></div>
-    <p class="mhbook-live-lm-readout"></p>
-  </div>
-</details>"""
+    body = _panel("live_lm.html", uid=uid, prompt=prompt)
     data = {"url": url, "scale": colour_scale(), "glyphs": GLYPHS}
     return HTML(
         embed(uid, body, ["live_core.js", "live_lm.js"], data, css=["explorer.css", "live.css"])

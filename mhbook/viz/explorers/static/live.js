@@ -5,8 +5,9 @@
 // (AddNorm, post-norm), positionWiseFFN, multiHeadAttention (W_q, W_k, W_v, W_o, split into
 // heads), encoderBlock, encoder, decoderBlock, decoder (one step with a KV cache), translate
 // (greedy, as mhbook.generate). Weights travel as float16 and are computed in float32.
-// data: {url, scale (colour_scale()), maxNumber, example}. After live_core.js, which holds
-// what the live panels share: $, esc, loadWeights (float16 -> float32), linear, softmax, heatmap.
+// data: {url, scale (colour_scale()), maxNumber}. After live_core.js, which holds what the
+// live panels share: $, esc, loadWeights (float16 -> float32), loadOnce, linear, softmax,
+// argmax, attendHeads, addNorm, cacheBytes, heatmap, status, showError, registerConsoleApi.
 
 // ---------------------------------------------------------------- numbers to English words
 // Written by hand to match num2words(n, lang="en") without commas, as mhbook.data.english_words
@@ -71,41 +72,16 @@ function layerNorm(x, weight, bias, eps) {
     return row.map((v, i) => (v - mean) * scale * weight.values[i] + bias.values[i]);
   });
 }
-function addNorm(x, y, P, name, eps) { // AddNorm, post-norm: LayerNorm(x + sublayer(x))
-  const sum = x.map((row, t) => row.map((v, i) => v + y[t][i]));
-  return layerNorm(sum, P[`${name}.norm.weight`], P[`${name}.norm.bias`], eps);
-}
+// AddNorm's LayerNorm (`${name}.norm`), for addNorm (live_core.js) post-norm:
+// LayerNorm(x + sublayer(x)).
+const norm = (P, name, eps) => (x) => layerNorm(x, P[`${name}.norm.weight`],
+  P[`${name}.norm.bias`], eps);
 function positionWiseFFN(x, P, name) { // linear2(relu(linear1(x)))
   const hidden = linear(x, P[`${name}.linear1.weight`], P[`${name}.linear1.bias`]);
   hidden.forEach((row) => row.forEach((v, i) => { if (v < 0) row[i] = 0; }));
   return linear(hidden, P[`${name}.linear2.weight`], P[`${name}.linear2.bias`]);
 }
-// Attention of the queries `q` (already projected) over projected keys and values, head by head.
-// causalFrom: the position of the first query (keys after a query's own position are masked),
-// or null for no mask. Returns [output rows (before W_o), weights [head][query][key]].
-function attendHeads(q, k, v, numHeads, causalFrom) {
-  const dModel = q[0].length;
-  const dHead = dModel / numHeads;
-  const out = q.map(() => new Float32Array(dModel));
-  const weights = [];
-  for (let h = 0; h < numHeads; h++) {
-    const o = h * dHead;
-    const headWeights = q.map((qi, i) => {
-      const scores = k.map((kj, j) => {
-        if (causalFrom !== null && j > causalFrom + i) return -Infinity;
-        let s = 0;
-        for (let c = 0; c < dHead; c++) s += qi[o + c] * kj[o + c];
-        return s / Math.sqrt(dHead);
-      });
-      const a = softmax(scores);
-      a.forEach((w, j) => { for (let c = 0; c < dHead; c++) out[i][o + c] += w * v[j][o + c]; });
-      return a;
-    });
-    weights.push(headWeights);
-  }
-  return [out, weights];
-}
-// mhbook.MultiHeadAttention: project, attend head by head, merge, W_o. `cache` (optional)
+// mhbook.MultiHeadAttention: project, attend head by head (attendHeads), merge, W_o. `cache` (optional)
 // holds this layer's keys and values so far: {keys: [...rows], values: [...rows]}.
 function multiHeadAttention(query, memory, P, name, numHeads, { cache = null, causal = false,
   fixedKV = null } = {}) {
@@ -122,7 +98,7 @@ function multiHeadAttention(query, memory, P, name, numHeads, { cache = null, ca
     v = cache ? cache.values : newV;
   }
   const causalFrom = causal ? k.length - query.length : null;
-  const [heads, weights] = attendHeads(q, k, v, numHeads, causalFrom);
+  const [heads, weights] = attendHeads(q, k, v, numHeads, { causalFrom });
   return [linear(heads, P[`${name}.W_o.weight`], P[`${name}.W_o.bias`]), weights];
 }
 function projectMemory(memory, P, name) {
@@ -148,10 +124,16 @@ function embed(ids, table, cfg, offset) {
 }
 
 function encoderBlock(x, P, name, cfg) {
-  const [attended, weights] = multiHeadAttention(x, x, P, `${name}.self_attn`, cfg.num_heads);
-  x = addNorm(x, attended, P, `${name}.addnorm1`, cfg.norm_eps);
-  return [addNorm(x, positionWiseFFN(x, P, `${name}.ffn`), P, `${name}.addnorm2`, cfg.norm_eps),
-    weights];
+  const eps = cfg.norm_eps;
+  let weights;
+  x = addNorm(x, (h) => {
+    let out;
+    [out, weights] = multiHeadAttention(h, h, P, `${name}.self_attn`, cfg.num_heads);
+    return out;
+  }, norm(P, `${name}.addnorm1`, eps), false);
+  x = addNorm(x, (h) => positionWiseFFN(h, P, `${name}.ffn`), norm(P, `${name}.addnorm2`, eps),
+    false);
+  return [x, weights];
 }
 function encoder(srcIds, model) {
   const { P, cfg } = model;
@@ -165,14 +147,24 @@ function encoder(srcIds, model) {
   return [x, weights];
 }
 function decoderBlock(x, P, name, cfg, layerCache) {
-  const [selfOut, selfWeights] = multiHeadAttention(x, x, P, `${name}.self_attn`, cfg.num_heads,
-    { cache: layerCache.self, causal: true });
-  x = addNorm(x, selfOut, P, `${name}.addnorm1`, cfg.norm_eps);
-  const [crossOut, crossWeights] = multiHeadAttention(x, null, P, `${name}.cross_attn`,
-    cfg.num_heads, { fixedKV: layerCache.memory });
-  x = addNorm(x, crossOut, P, `${name}.addnorm2`, cfg.norm_eps);
-  return [addNorm(x, positionWiseFFN(x, P, `${name}.ffn`), P, `${name}.addnorm3`, cfg.norm_eps),
-    selfWeights, crossWeights];
+  const eps = cfg.norm_eps;
+  let selfWeights;
+  let crossWeights;
+  x = addNorm(x, (h) => {
+    let out;
+    [out, selfWeights] = multiHeadAttention(h, h, P, `${name}.self_attn`, cfg.num_heads,
+      { cache: layerCache.self, causal: true });
+    return out;
+  }, norm(P, `${name}.addnorm1`, eps), false);
+  x = addNorm(x, (h) => {
+    let out;
+    [out, crossWeights] = multiHeadAttention(h, null, P, `${name}.cross_attn`, cfg.num_heads,
+      { fixedKV: layerCache.memory });
+    return out;
+  }, norm(P, `${name}.addnorm2`, eps), false);
+  x = addNorm(x, (h) => positionWiseFFN(h, P, `${name}.ffn`), norm(P, `${name}.addnorm3`, eps),
+    false);
+  return [x, selfWeights, crossWeights];
 }
 // A KV cache (mhbook.KVCache): per decoder layer the self-attention's keys and values so far,
 // and the encoder memory's keys and values for the cross-attention, projected once.
@@ -199,29 +191,13 @@ function decoder(ids, model, cache) {
   return [linear(x, P["decoder.output.weight"], P["decoder.output.bias"]), selfWeights,
     crossWeights];
 }
-function cacheBytes(cache) { // float32 numbers held, as KVCache.nbytes counts them
-  let numbers = 0;
-  for (const layer of cache) {
-    for (const rows of [layer.self.keys, layer.self.values, layer.memory.keys,
-      layer.memory.values]) {
-      numbers += rows.length * (rows.length ? rows[0].length : 0);
-    }
-  }
-  return 4 * numbers;
-}
 
 // ---------------------------------------------------------------- the model, loaded lazily
-let modelPromise = null;
-function loadModel() {
-  if (!modelPromise) {
-    modelPromise = (async () => {
-      const { P, raw } = await loadWeights(data.url);
-      const srcIndex = new Map(raw.src_vocab.map((t, i) => [t, i]));
-      return { P, cfg: raw.config, raw, srcIndex };
-    })();
-  }
-  return modelPromise;
-}
+const loadModel = loadOnce(async () => {
+  const { P, raw } = await loadWeights(data.url);
+  const srcIndex = new Map(raw.src_vocab.map((t, i) => [t, i]));
+  return { P, cfg: raw.config, raw, srcIndex };
+});
 
 function englishIds(model, text) {
   const cleaned = text.trim().toLowerCase().replace(/,/g, "");
@@ -249,14 +225,13 @@ function* translationSteps(model, srcIds) {
   const crossRows = [];
   for (let step = 0; step < model.raw.max_new_tokens; step++) {
     const [logits, s, c] = decoder([next], model, cache);
-    const row = logits[0];
-    let best = 0;
-    for (let i = 1; i < row.length; i++) if (row[i] > row[best]) best = i;
+    const best = argmax(logits[0]);
     selfRows.push(s);
     crossRows.push(c);
     out.push(best);
-    yield { step, token: best, fed: next, cache, encoderWeights, selfRows, crossRows, out,
-      bytes: cacheBytes(cache), done: best === eos };
+    const bytes = cacheBytes(cache.flatMap((layer) => [layer.self, layer.memory]));
+    yield { step, token: best, fed: next, cache, encoderWeights, selfRows, crossRows, out, bytes,
+      done: best === eos };
     if (best === eos) return;
     next = best;
   }
@@ -312,8 +287,6 @@ function drawState(model, srcTokens, state) {
 
 // ---------------------------------------------------------------- the panel
 const input = $(".mhbook-live-input");
-const status = $(".mhbook-live-status");
-const error = $(".mhbook-live-error");
 const french = $(".mhbook-live-french");
 const english = $(".mhbook-live-english");
 const cacheRows = $(".mhbook-live-cache tbody");
@@ -321,10 +294,6 @@ let stepper = null;
 let stepModel = null;
 let stepTokens = null;
 
-function showError(message) {
-  error.textContent = message;
-  error.hidden = !message;
-}
 function cacheRow(model, state) {
   const t = model.raw.tgt_vocab;
   const selfTokens = state.cache[0].self.keys.length;
@@ -389,24 +358,18 @@ $(".mhbook-live-reset").addEventListener("click", () => {
   $(".mhbook-live-maps").innerHTML = "";
   status.textContent = "Type a number, then Translate, or Step for one token at a time.";
 });
-// The weights load when the reader opens the panel, not with the page.
-root.querySelector("details").addEventListener("toggle", (event) => {
-  if (!event.target.open) return;
-  status.textContent = "Loading the weights\u2026";
-  loadModel().then((model) => {
-    const kb = Math.round(JSON.stringify(model.raw).length / 1024);
-    status.textContent = `Loaded ${kb.toLocaleString("en-US")} KB of weights. Type a number, ` +
-      "then Translate, or Step for one token at a time.";
-  }, (err) => showError(`${err.message}. The live panel runs in the HTML book.`));
-});
-
-// The console API (and the browser test's).
-window.mhbookLive = Object.assign(window.mhbookLive || {}, {
+// The weights load when the reader opens the panel; the console API (and the browser test's).
+registerConsoleApi({
   translate,
   logits,
   numberToWords,
   tokenize,
   load: () => loadModel().then(() => true),
+}, {
+  load: loadModel,
+  loaded: (model) => `Loaded ${Math.round(JSON.stringify(model.raw).length / 1024)
+    .toLocaleString("en-US")} KB of weights. Type a number, then Translate, or Step for one ` +
+    "token at a time.",
 });
 // The language model's complete() is live_lm.js's (chapter 14); on a page without its panel,
 // a pointer to it.

@@ -2,7 +2,11 @@
 // and the language model (live_lm.js, chapter 14) each run after this file, inside embed.js,
 // with `root` (the panel's <div>) and `data` (its JSON: url, scale, ...) in scope.
 // Here: the weights, fetched when the reader opens a panel (float16 on the wire, float32 in
-// the browser); nn.Linear; softmax; and the heatmap of attention weights in the book's map.
+// the browser) and loaded once; nn.Linear; softmax; argmax; attention head by head
+// (mhbook.attend, grouped-query heads and a causal mask included); AddNorm, post-norm or
+// pre-norm as AddNorm(norm_first=); the KV cache's size; the heatmap of attention weights in
+// the book's map; the status line; and the tail both panels end with: load on open, and the
+// console API window.mhbookLive.
 const $ = (selector) => root.querySelector(selector);
 const esc = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 
@@ -31,6 +35,18 @@ async function loadWeights(url) {
   for (const [name, tensor] of Object.entries(raw.tensors)) P[name] = decodeTensor(tensor);
   return { P, raw };
 }
+// `build()` once: the promise of the model, shared by every caller; a failed load may be
+// tried again.
+function loadOnce(build) {
+  let promise = null;
+  return () => {
+    if (!promise) {
+      promise = build();
+      promise.catch(() => { promise = null; });
+    }
+    return promise;
+  };
+}
 
 // ---------------------------------------------------------------- the shared layers
 // A sequence is an array of Float32Array rows (one per token).
@@ -53,6 +69,60 @@ function softmax(scores) {
   const e = scores.map((s) => (s === -Infinity ? 0 : Math.exp(s - max)));
   const total = e.reduce((a, b) => a + b, 0);
   return e.map((v) => v / total);
+}
+function argmax(values) { // the first largest, as torch.argmax
+  let best = 0;
+  for (let i = 1; i < values.length; i++) if (values[i] > values[best]) best = i;
+  return best;
+}
+
+// mhbook.attend, head by head: the query rows `q` (numHeads * dHead wide, projected, and
+// turned by RoPE where the model has it) over the cached key and value rows (kvHeads * dHead
+// wide). Query head h reads key/value head floor(h / group): group 1 is multi-head attention,
+// numHeads / kvHeads grouped-query. softmax(q . k / sqrt(d_head)) over the keys; `causalFrom`
+// is the position of the first query among the keys (query i sees keys 0 to causalFrom + i,
+// the bottom-right causal_mask), or null for no mask.
+// Returns [the heads' outputs merged into rows (before W_o), weights [head][query][key]].
+function attendHeads(q, keys, values, numHeads, { group = 1, causalFrom = null } = {}) {
+  const width = q[0].length;
+  const dHead = width / numHeads;
+  const out = q.map(() => new Float32Array(width));
+  const weights = [];
+  for (let h = 0; h < numHeads; h++) {
+    const o = h * dHead;
+    const kv = Math.floor(h / group) * dHead;
+    weights.push(q.map((qi, i) => {
+      const scores = keys.map((key, j) => {
+        if (causalFrom !== null && j > causalFrom + i) return -Infinity;
+        let s = 0;
+        for (let c = 0; c < dHead; c++) s += qi[o + c] * key[kv + c];
+        return s / Math.sqrt(dHead);
+      });
+      const a = softmax(scores);
+      a.forEach((w, j) => {
+        const value = values[j];
+        for (let c = 0; c < dHead; c++) out[i][o + c] += w * value[kv + c];
+      });
+      return a;
+    }));
+  }
+  return [out, weights];
+}
+// AddNorm, as mhbook.AddNorm(norm_first=): a residual connection around `sublayer` (rows ->
+// rows) with the normalisation `norm` (rows -> rows). Post-norm (the translator, the paper's):
+// norm(x + sublayer(x)); pre-norm (the language model, Llama's): x + sublayer(norm(x)).
+function addNorm(x, sublayer, norm, normFirst) {
+  const add = (y) => x.map((row, t) => row.map((v, i) => v + y[t][i]));
+  return normFirst ? add(sublayer(norm(x))) : norm(add(sublayer(x)));
+}
+// A KV cache's size as KVCache.nbytes counts it: the float32 numbers held by every store
+// ({keys, values}: rows) in `stores`.
+function cacheBytes(stores) {
+  let numbers = 0;
+  for (const { keys, values } of stores) {
+    for (const rows of [keys, values]) numbers += rows.length * (rows.length ? rows[0].length : 0);
+  }
+  return 4 * numbers;
 }
 
 // ---------------------------------------------------------------- drawing
@@ -87,4 +157,24 @@ function heatmap(values, rowLabels, colLabels, title, { cell = 16, rowHeight = c
     `<svg role="img" aria-label="${esc(title)}: attention weights, queries ${esc(rowLabels
       .join(" "))} over keys ${esc(colLabels.join(" "))}" width="${width}" height="${height}" ` +
     `viewBox="0 0 ${width} ${height}">${body}</svg></figure>`;
+}
+
+// ---------------------------------------------------------------- the status line, the tail
+const status = $(".mhbook-live-status");
+const error = $(".mhbook-live-error");
+function showError(message) {
+  error.textContent = message;
+  error.hidden = !message;
+}
+// The tail of both panels: the weights load when the reader opens the panel, not with the page
+// (`load()`, then the status line says `loaded(model)`); `api` joins window.mhbookLive, the
+// console's API (and the browser tests'), beside the other panel's.
+function registerConsoleApi(api, { load, loaded }) {
+  root.querySelector("details").addEventListener("toggle", (event) => {
+    if (!event.target.open) return;
+    status.textContent = "Loading the weights\u2026";
+    load().then((model) => { status.textContent = loaded(model); },
+      (err) => showError(`${err.message}. The live panel runs in the HTML book.`));
+  });
+  window.mhbookLive = Object.assign(window.mhbookLive || {}, api);
 }

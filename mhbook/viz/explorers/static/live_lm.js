@@ -1,12 +1,13 @@
 // The live language model (mhbook/viz/explorers/live.py: live_lm_html; chapter 14 writes the
 // weights with export_lm). Part V's small Llama runs here, in plain JavaScript, after
-// live_core.js ($, esc, loadWeights, linear, softmax, heatmap). One function per piece, named as
+// live_core.js ($, esc, loadWeights, loadOnce, linear, softmax, argmax, attendHeads, addNorm,
+// cacheBytes, heatmap, status, showError, registerConsoleApi). One function per piece, named as
 // in mhbook so that a reader can hold the two side by side: rmsNorm (RMSNorm), swiglu (SwiGLU),
 // rope (RotaryEmbedding, Llama's rotate-half layout), attention (MultiHeadAttention with
 // grouped-query heads and the rolling KV cache of a sliding window, LayerCache(window)), addNorm
-// (AddNorm, pre-norm), decoderOnlyBlock, decoderOnlyLM (one token with the cache), and
-// generateSteps (mhbook.generate: greedy, or sampled at a temperature). Weights travel as float16
-// and are computed in float32. data: {url, scale (colour_scale()), glyphs}.
+// (live_core.js's, pre-norm here), decoderOnlyBlock, decoderOnlyLM (one token with the cache),
+// and generateSteps (mhbook.generate: greedy, or sampled at a temperature). Weights travel as
+// float16 and are computed in float32. data: {url, scale (colour_scale()), glyphs}.
 
 // ---------------------------------------------------------------- characters (CharTokenizer)
 const glyph = (c) => data.glyphs[c] ?? c; // how the map labels " " and "\n"
@@ -24,20 +25,21 @@ function encode(model, text) {
 }
 
 // ---------------------------------------------------------------- the layers, one token at a time
-// A token's vector is a Float32Array; linear (live_core.js) takes and gives lists of them.
-const project = (x, W) => linear([x], W)[0];
-
+// A sequence is an array of Float32Array rows, as in live_core.js; the model is fed one token at
+// a time, so here each holds the one new token's row.
 function rmsNorm(x, weight, eps) { // RMSNorm: weight * x / sqrt(mean(x^2) + eps)
-  let squares = 0;
-  for (const v of x) squares += v * v;
-  const scale = 1 / Math.sqrt(squares / x.length + eps);
-  return x.map((v, i) => v * scale * weight.values[i]);
+  return x.map((row) => {
+    let squares = 0;
+    for (const v of row) squares += v * v;
+    const scale = 1 / Math.sqrt(squares / row.length + eps);
+    return row.map((v, i) => v * scale * weight.values[i]);
+  });
 }
 function swiglu(x, P, name) { // SwiGLU: W_down(silu(W_gate x) * W_up x), silu(a) = a sigmoid(a)
-  const gate = project(x, P[`${name}.W_gate.weight`]);
-  const up = project(x, P[`${name}.W_up.weight`]);
-  const hidden = gate.map((a, i) => (a / (1 + Math.exp(-a))) * up[i]);
-  return project(hidden, P[`${name}.W_down.weight`]);
+  const gate = linear(x, P[`${name}.W_gate.weight`]);
+  const up = linear(x, P[`${name}.W_up.weight`]);
+  const hidden = gate.map((row, t) => row.map((a, i) => (a / (1 + Math.exp(-a))) * up[t][i]));
+  return linear(hidden, P[`${name}.W_down.weight`]);
 }
 // RoPE's frequencies theta_i = base^(-2i / d_head), rounded to float32 where mhbook.rope computes
 // in float32 (Math.fround), so that the angles are PyTorch's.
@@ -45,8 +47,9 @@ function ropeFrequencies(dHead, base) {
   const f = Math.fround;
   return Array.from({ length: dHead / 2 }, (_, i) => f(1 / f(base ** f((2 * i) / dHead))));
 }
-// RotaryEmbedding (rotate-half): in each head, the pair (x_i, x_{i + d/2}) turns by position *
-// theta_i, x * cos + rotate_half(x) * sin with rotate_half(x1, x2) = (-x2, x1).
+// RotaryEmbedding (rotate-half) on one row at `position`: in each head, the pair
+// (x_i, x_{i + d/2}) turns by position * theta_i, x * cos + rotate_half(x) * sin with
+// rotate_half(x1, x2) = (-x2, x1).
 function rope(x, position, heads, dHead, theta) {
   const out = new Float32Array(x.length);
   const half = dHead / 2;
@@ -63,46 +66,30 @@ function rope(x, position, heads, dHead, theta) {
   }
   return out;
 }
-// MultiHeadAttention for one new token: W_q, W_k, W_v; RoPE on its query and key at its position;
-// its key and value join the layer's cache, which keeps the last `window` tokens (a rolling
-// cache: the oldest is dropped); query head h reads key/value head floor(h / group)
-// (grouped-query attention); softmax(q . k / sqrt(d_head)) over the cached keys; W_o.
-// Returns [output, weights[head][key]].
+// MultiHeadAttention for the new token: W_q, W_k, W_v; RoPE on its query and key at its
+// position; its key and value join the layer's cache, which keeps the last `window` tokens (a
+// rolling cache: the oldest is dropped, so no mask is needed); attendHeads (live_core.js) with
+// query head h reading key/value head floor(h / group) (grouped-query attention); W_o.
+// Returns [output rows, weights[head][key]].
 function attention(x, P, name, model, layerCache, position) {
   const { numHeads, kvHeads, dHead, window, theta } = model.dims;
-  const q = rope(project(x, P[`${name}.W_q.weight`]), position, numHeads, dHead, theta);
-  const k = rope(project(x, P[`${name}.W_k.weight`]), position, kvHeads, dHead, theta);
-  const v = project(x, P[`${name}.W_v.weight`]);
-  layerCache.keys.push(k);
-  layerCache.values.push(v);
-  if (layerCache.keys.length > window) { // LayerCache._trim: the last `window` tokens
+  const q = linear(x, P[`${name}.W_q.weight`]).map((row) => rope(row, position, numHeads, dHead,
+    theta));
+  const k = linear(x, P[`${name}.W_k.weight`]).map((row) => rope(row, position, kvHeads, dHead,
+    theta));
+  layerCache.keys.push(...k);
+  layerCache.values.push(...linear(x, P[`${name}.W_v.weight`]));
+  while (layerCache.keys.length > window) { // LayerCache._trim: the last `window` tokens
     layerCache.keys.shift();
     layerCache.values.shift();
   }
-  const group = numHeads / kvHeads;
-  const heads = new Float32Array(numHeads * dHead);
-  const weights = [];
-  for (let h = 0; h < numHeads; h++) {
-    const o = h * dHead;
-    const kv = Math.floor(h / group) * dHead;
-    const scores = layerCache.keys.map((key) => {
-      let s = 0;
-      for (let c = 0; c < dHead; c++) s += q[o + c] * key[kv + c];
-      return s / Math.sqrt(dHead);
-    });
-    const a = softmax(scores);
-    a.forEach((w, j) => {
-      const value = layerCache.values[j];
-      for (let c = 0; c < dHead; c++) heads[o + c] += w * value[kv + c];
-    });
-    weights.push(a);
-  }
-  return [project(heads, P[`${name}.W_o.weight`]), weights];
+  const [heads, weights] = attendHeads(q, layerCache.keys, layerCache.values, numHeads,
+    { group: numHeads / kvHeads });
+  return [linear(heads, P[`${name}.W_o.weight`]), weights.map((w) => w[0])];
 }
-function addNorm(x, sublayer, weight, eps) { // AddNorm, pre-norm: x + sublayer(RMSNorm(x))
-  const y = sublayer(rmsNorm(x, weight, eps));
-  return x.map((v, i) => v + y[i]);
-}
+// AddNorm's RMSNorm (`${name}.norm`), for addNorm (live_core.js) pre-norm:
+// x + sublayer(RMSNorm(x)).
+const norm = (P, name, eps) => (x) => rmsNorm(x, P[`${name}.norm.weight`], eps);
 function decoderOnlyBlock(x, P, name, model, layerCache, position) {
   const eps = model.cfg.norm_eps;
   let weights = null;
@@ -110,19 +97,16 @@ function decoderOnlyBlock(x, P, name, model, layerCache, position) {
     let out;
     [out, weights] = attention(h, P, `${name}.self_attn`, model, layerCache, position);
     return out;
-  }, P[`${name}.addnorm1.norm.weight`], eps);
-  x = addNorm(x, (h) => swiglu(h, P, `${name}.ffn`), P[`${name}.addnorm2.norm.weight`], eps);
+  }, norm(P, `${name}.addnorm1`, eps), true);
+  x = addNorm(x, (h) => swiglu(h, P, `${name}.ffn`), norm(P, `${name}.addnorm2`, eps), true);
   return [x, weights];
 }
 // A KV cache (mhbook.KVCache): per layer the keys (after RoPE) and values of the last `window`
-// tokens; `length` counts every token fed, the next one's position.
+// tokens; `length` counts every token fed, the next one's position. Its size is cacheBytes
+// (live_core.js) of cache.layers.
 function newCache(model) {
   return { length: 0, layers: Array.from({ length: model.cfg.num_layers },
     () => ({ keys: [], values: [] })) };
-}
-function cacheBytes(model, cache) { // float32 numbers held, as KVCache.nbytes counts them
-  const { kvHeads, dHead } = model.dims;
-  return cache.layers.reduce((n, l) => n + 2 * l.keys.length * kvHeads * dHead * 4, 0);
 }
 // DecoderOnlyLM on one new token after those in the cache: [next-token logits, weights of
 // every layer [layer][head][key]]. Embedding (times sqrt(d_model) if the config scales), the
@@ -131,7 +115,7 @@ function decoderOnlyLM(id, model, cache) {
   const { P, cfg } = model;
   const d = cfg.d_model;
   const scale = cfg.scale_embeddings ? Math.sqrt(d) : 1;
-  let x = P["embedding.weight"].values.slice(id * d, (id + 1) * d).map((v) => v * scale);
+  let x = [P["embedding.weight"].values.slice(id * d, (id + 1) * d).map((v) => v * scale)];
   const weights = [];
   for (let l = 0; l < cfg.num_layers; l++) {
     let w;
@@ -139,7 +123,7 @@ function decoderOnlyLM(id, model, cache) {
     weights.push(w);
   }
   cache.length += 1;
-  return [project(rmsNorm(x, P["norm.weight"], cfg.norm_eps), P["output.weight"]), weights];
+  return [linear(rmsNorm(x, P["norm.weight"], cfg.norm_eps), P["output.weight"])[0], weights];
 }
 
 // ---------------------------------------------------------------- choosing the next character
@@ -159,8 +143,7 @@ function mulberry32(seed) {
 // mhbook.generate: temperature 0 takes the argmax (the first, as torch.argmax); otherwise
 // next_token_probs, softmax((z - max z) / temperature), and one draw from it.
 function nextToken(logits, temperature, random) {
-  let best = 0;
-  for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+  const best = argmax(logits);
   if (temperature === 0) return best;
   const top = logits[best];
   const probs = softmax(Array.from(logits, (z) => (z - top) / temperature));
@@ -190,22 +173,15 @@ function* generateSteps(model, ids, n, { temperature = 0, seed = 0 } = {}) {
 }
 
 // ---------------------------------------------------------------- the model, loaded lazily
-let lmPromise = null;
-function loadLM() {
-  if (!lmPromise) {
-    lmPromise = loadWeights(data.url).then(({ P, raw }) => {
-      const cfg = raw.config;
-      const numHeads = cfg.num_heads;
-      const dHead = cfg.head_dim ?? cfg.d_model / numHeads;
-      const dims = { numHeads, kvHeads: cfg.num_kv_heads ?? numHeads, dHead,
-        window: cfg.window, theta: ropeFrequencies(dHead, cfg.rope_theta) };
-      return { P, cfg, raw, dims, chars: raw.chars, index: new Map(raw.chars.map((c, i) => [c, i])),
-        kb: Math.round(JSON.stringify(raw).length / 1024) };
-    });
-    lmPromise.catch(() => { lmPromise = null; }); // a failed load may be tried again
-  }
-  return lmPromise;
-}
+const loadLM = loadOnce(() => loadWeights(data.url).then(({ P, raw }) => {
+  const cfg = raw.config;
+  const numHeads = cfg.num_heads;
+  const dHead = cfg.head_dim ?? cfg.d_model / numHeads;
+  const dims = { numHeads, kvHeads: cfg.num_kv_heads ?? numHeads, dHead,
+    window: cfg.window, theta: ropeFrequencies(dHead, cfg.rope_theta) };
+  return { P, cfg, raw, dims, chars: raw.chars, index: new Map(raw.chars.map((c, i) => [c, i])),
+    kb: Math.round(JSON.stringify(raw).length / 1024) };
+}));
 function checkOptions(n, { temperature = 0, seed = 0 } = {}) {
   if (!Number.isInteger(n) || n < 0) throw new RangeError(`n must be an integer >= 0, got ${n}`);
   if (!(temperature >= 0) || !Number.isFinite(temperature)) {
@@ -246,8 +222,6 @@ const seedBox = $(".mhbook-live-lm-seed");
 const lengthBox = $(".mhbook-live-lm-length");
 const layerBox = $(".mhbook-live-lm-layer");
 const headBox = $(".mhbook-live-lm-head");
-const status = $(".mhbook-live-status");
-const error = $(".mhbook-live-error");
 const given = $(".mhbook-live-lm-given");
 const written = $(".mhbook-live-lm-new");
 const cacheLine = $(".mhbook-live-lm-cache");
@@ -257,10 +231,6 @@ let run = 0; // the current generation; a new one (or Stop) ends the one before
 let running = false;
 let shown = null; // {model, state}: what the map draws
 
-function showError(message) {
-  error.textContent = message;
-  error.hidden = !message;
-}
 function showTemperature() {
   const t = Number(temperatureBox.value);
   temperatureShown.textContent = t === 0 ? "0 (greedy)" : t.toFixed(1);
@@ -300,7 +270,7 @@ function draw() {
   const { cfg, dims } = model;
   cacheLine.textContent = `KV cache: the last ${state.cache.layers[0].keys.length} characters ` +
     `(of a window of ${dims.window}) in each of ${cfg.num_layers} layers, ` +
-    `${cacheBytes(model, state.cache).toLocaleString("en-US")} bytes (${dims.kvHeads} key/value ` +
+    `${cacheBytes(state.cache.layers).toLocaleString("en-US")} bytes (${dims.kvHeads} key/value ` +
     `heads for ${dims.numHeads} query heads); the next position is ${state.cache.length}.`;
 }
 const pause = () => new Promise((resolve) => { setTimeout(resolve, 0); });
@@ -367,23 +337,20 @@ temperatureBox.addEventListener("input", showTemperature);
 layerBox.addEventListener("change", draw);
 headBox.addEventListener("change", draw);
 showTemperature();
-// The weights load when the reader opens the panel, not with the page.
-root.querySelector("details").addEventListener("toggle", (event) => {
-  if (!event.target.open) return;
-  status.textContent = "Loading the weights\u2026";
-  loadLM().then((model) => {
-    fillChoices(model);
-    const { cfg, dims } = model;
-    status.textContent = `Loaded ${model.kb.toLocaleString("en-US")} KB of weights: ` +
-      `${cfg.num_layers} layers, ${dims.numHeads} heads, a window of ${dims.window} characters. ` +
-      "Write a prompt, then Generate.";
-  }, (err) => showError(`${err.message}. The live panel runs in the HTML book.`));
-});
-
-// The console API (and the browser test's), beside the translator's.
-window.mhbookLive = Object.assign(window.mhbookLive || {}, {
+// The weights load when the reader opens the panel; the console API (and the browser test's),
+// beside the translator's.
+registerConsoleApi({
   complete,
   lmLogits,
   lmAttention,
   lmLoad: () => loadLM().then(() => true),
+}, {
+  load: loadLM,
+  loaded: (model) => {
+    fillChoices(model);
+    const { cfg, dims } = model;
+    return `Loaded ${model.kb.toLocaleString("en-US")} KB of weights: ${cfg.num_layers} ` +
+      `layers, ${dims.numHeads} heads, a window of ${dims.window} characters. Write a prompt, ` +
+      "then Generate.";
+  },
 });
