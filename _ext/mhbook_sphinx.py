@@ -9,6 +9,10 @@ Offline MathJax
     not add a MathJax 3 configuration; :data:`MATHJAX2_CONFIG` tells MathJax 2 to
     typeset only the math that MyST marked, as MyST does for MathJax 3. The book
     has no thebe button, so sphinx-thebe's scripts (which name a CDN) are left out.
+    MathJax 2's own blank font (``MathJax_Blank``, at ``url('about:blank')``, which Chromium
+    refuses with two console errors) is declared with ``local()`` instead: no request.
+    With ``html_context.default_mode`` and ``html.favicon`` in ``_config.yml``, no page logs
+    a console error (tests/test_browser.py checks every page).
 
 Bibliography labels
     The pybtex style ``mhbook_author_year`` labels the entries of the bibliography
@@ -271,11 +275,14 @@ class AuthorYearStyle(UnsrtStyle):
 register_plugin("pybtex.style.formatting", "mhbook_author_year", AuthorYearStyle)
 
 
-def package_modules(package: str) -> list[str]:
-    """Names of the public modules of ``package`` and of its subpackages, sorted."""
+def package_modules(package: str) -> list[tuple[str, bool]]:
+    """``(name, is_package)`` of the public modules of ``package`` and of its subpackages,
+    sorted."""
     path = importlib.import_module(package).__path__
     found = pkgutil.walk_packages(path, prefix=f"{package}.")
-    public = (m.name for m in found if not any(p.startswith("_") for p in m.name.split(".")))
+    public = (
+        (m.name, m.ispkg) for m in found if not any(p.startswith("_") for p in m.name.split("."))
+    )
     return sorted(public)
 
 
@@ -313,9 +320,13 @@ class PackageApi(SphinxDirective):
 
     def run(self) -> list[nodes.Node]:
         lines = []  # MyST Markdown: the directive is used in api.md
-        for module in package_modules(self.arguments[0]):
+        for module, is_package in package_modules(self.arguments[0]):
+            # A folder's package only gathers its modules' names: its docstring says what the
+            # folder holds, and each name is documented once, in its module.
+            options = ["   :no-members:"] if is_package else []
             # autodoc writes reStructuredText, hence eval-rst
-            lines += [f"## `{module}`", "", "```{eval-rst}", f".. automodule:: {module}", "```", ""]
+            lines += [f"## `{module}`", "", "```{eval-rst}", f".. automodule:: {module}"]
+            lines += [*options, "```", ""]
         container = nodes.section()
         container.document = self.state.document
         nested_parse_with_titles(self.state, StringList(lines, source="mhbook-api"), container)
