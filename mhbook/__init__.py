@@ -98,7 +98,7 @@ from .utils import (
     use_sharp_figures,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # In Jupyter, figures are retina PNGs (sharp on HiDPI screens); nothing happens elsewhere.
 use_sharp_figures()
