@@ -372,7 +372,10 @@ PROSE_DECIMALS_ALLOWED = {
     "03-masking": {"103.3": "log of float32's smallest subnormal, 2^-149"},
     "05-positional-encoding": {"6.3": "2 pi", "0.71": "1/sqrt(2)"},
     "06-transformer": {"0.9": "Adam's beta_1 of the paper", "0.98": "Adam's beta_2 of the paper"},
-    "10-sharing-keys-and-values": {"13.5": "Llama 2 7B's 6.74e9 weights in 16-bit: 13.5 GB"},
+    "10-sharing-keys-and-values": {
+        "13.5": "Llama 2 7B's 6.74e9 weights in 16-bit: 13.5 GB",
+        "8.0": "CUDA compute capability 8.0 (Ampere), which FlashAttention and cuDNN need",
+    },
     "12-sliding-windows": {
         "3.9": "a hint's arithmetic: 32,000 tokens x 128 KiB = 3.9 GiB",
         "0.5": "a hint's arithmetic: 4,096 tokens x 128 KiB = 0.5 GiB",
