@@ -27,7 +27,7 @@ from .models import *  # noqa: F403
 from .tasks import *  # noqa: F403
 from .training import *  # noqa: F403
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: The folders whose public names ``mhbook`` gathers, bottom up.
 LAYERS = (core, attention, tasks, models, distributed, training)

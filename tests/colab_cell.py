@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-MHBOOK_VERSION = "0.2.0"
+MHBOOK_VERSION = "0.3.0"
 MHBOOK_SOURCE = os.environ.get(
     "MHBOOK_SOURCE", f"git+https://github.com/mhbook/mhbook@v{MHBOOK_VERSION}"
 )
