@@ -145,9 +145,10 @@ def test_kv_cache_fill_is_what_a_forward_pass_caches():
         layer = mhbook.make_attention(config).eval()
         x = torch.randn(1, length, 32)
         w = config.window
-        prefilled = mhbook.LayerCache(w)
+        assert layer.window == w, name  # the layer knows its window and masks by it
+        prefilled = mhbook.LayerCache()
         with torch.no_grad():
-            layer(x, mask=mhbook.causal_mask(length, device=x.device, window=w), cache=prefilled)
+            layer(x, is_causal=True, cache=prefilled)
             filled = fill_cache(layer, x, w)
         assert filled.length == prefilled.length == length, name
         assert len(filled.tensors()) == len(prefilled.tensors()), name

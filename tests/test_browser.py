@@ -111,7 +111,7 @@ def browser(request):
         _no_browser("the playwright package is not installed")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for old in SCREENSHOTS.glob("*.png"):
-        old.unlink()
+        old.unlink(missing_ok=True)  # another worker may have removed it first
     if not request.config.pluginmanager.has_plugin("mhbook-screenshots"):
         request.config.pluginmanager.register(_ScreenshotNote(SCREENSHOTS), "mhbook-screenshots")
     with sync_playwright() as playwright:

@@ -3,7 +3,7 @@ trained model (:mod:`~mhbook.viz.attention_records`), and the kernel-free explor
 (:mod:`~mhbook.viz.explorers`).
 
 Importing this package imports none of them: matplotlib and ipywidgets load when a plot or an
-explorer is first used (PEP 562). :data:`NAMES` maps every public name of these modules to
+explorer is first used (PEP 562). ``NAMES`` maps every public name of these modules to
 the module that defines it, read from each module's ``__all__`` without importing it.
 """
 

@@ -26,7 +26,7 @@ character by character, with the attention of the last character drawn
 weights' loading, ``linear``, ``softmax``, ``argmax``, attention head by head, ``addNorm`` as
 :class:`~mhbook.AddNorm` with ``norm_first``, the cache's bytes, the heatmap, the load on open
 and the console API) is ``static/live_core.js``. Each panel's HTML is a template in ``static/``
-(``live.html``, ``live_lm.html``), filled by :class:`string.Template` with HTML-escaped values.
+(``live.html``, ``live_lm.html``), filled by ``string.Template`` with HTML-escaped values.
 
 The choice of a plain JavaScript forward over ``onnxruntime-web`` is recorded in CONTRIBUTING.
 """
