@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from grading import (
     CORRUPTIONS,
-    assert_every_bug_named,
     assert_passes,
     assert_rejects_corruptions,
     corrupt,
@@ -69,11 +68,6 @@ def test_softmax_references_and_other_implementations_pass():
 def test_attention_references_and_other_implementations_pass():
     for impl in (check.attention.spec.reference, attention_einsum, attention_loop):
         assert_passes(check.attention, impl)
-
-
-def test_every_bug_is_caught_and_named():
-    assert_every_bug_named(check.softmax)
-    assert_every_bug_named(check.attention)
 
 
 def test_nan_wrong_shape_and_dtype_never_pass():
@@ -280,11 +274,6 @@ def test_the_reference_and_other_correct_implementations_pass(name):
     checker = check.CHECKS[name]
     for impl in (checker.spec.reference, *OTHER_WAYS[name]):
         assert_passes(checker, impl)
-
-
-@pytest.mark.parametrize("name", list(OTHER_WAYS))
-def test_every_catalogued_bug_is_caught_and_named(name):
-    assert_every_bug_named(check.CHECKS[name])
 
 
 @pytest.mark.parametrize("name", ["masked_softmax", "split_heads", "merge_heads", "layer_norm"])

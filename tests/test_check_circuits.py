@@ -8,7 +8,7 @@ import inspect
 import numpy as np
 import pytest
 import torch
-from grading import assert_every_bug_named, assert_passes, assert_rejects_corruptions
+from grading import assert_passes, assert_rejects_corruptions
 
 from mhbook import check
 
@@ -75,11 +75,6 @@ def as_tensor(impl):
 def test_references_and_other_implementations_pass(check_fn):
     for impl in (check_fn.spec.reference, *OTHERS[check_fn.spec.name]):
         assert_passes(check_fn, impl)
-
-
-@pytest.mark.parametrize("check_fn", CHECKS, ids=lambda c: c.spec.name)
-def test_every_bug_is_caught_and_named(check_fn):
-    assert_every_bug_named(check_fn)
 
 
 @pytest.mark.parametrize("check_fn", CHECKS, ids=lambda c: c.spec.name)

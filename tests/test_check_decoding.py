@@ -7,7 +7,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from grading import assert_every_bug_named, assert_passes, assert_rejects_corruptions
+from grading import assert_passes, assert_rejects_corruptions
 
 import mhbook
 from mhbook import check
@@ -96,11 +96,6 @@ def test_references_and_other_implementations_pass():
         assert_passes(check.kv_cache, impl)
     for impl in (check.top_p.spec.reference, top_p_filter, top_p_loop):
         assert_passes(check.top_p, impl)
-
-
-def test_every_bug_is_caught_and_named():
-    for fn in (check.tiled_attention, check.kv_cache, check.top_p):
-        assert_every_bug_named(fn)
 
 
 def test_nan_wrong_shape_and_dtype_never_pass():

