@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 
-from .grader import Bug, Case, Check, Result, Stub
+from .grader import Bug, Case, Check, Result
 
 #: The modules that hold the checks, in the book's order.
 MODULES = (
@@ -59,4 +59,4 @@ def _collect() -> dict:
 CHECKS = _collect()
 globals().update(CHECKS)
 
-__all__ = ["CHECKS", "Bug", "Case", "Check", "Result", "Stub", *CHECKS]
+__all__ = ["CHECKS", "Bug", "Case", "Check", "Result", *CHECKS]

@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .basics import seeded
-from .grader import Bug, Case, define
+from .grader import Bug, Case, define, seeded
 
 __all__ = ["previous_token_score", "induction_score"]
 

@@ -13,8 +13,7 @@ import torch
 
 from ..attention.multihead import MultiHeadAttention
 from ..distributed.tensor_parallel import TensorParallelMultiHeadAttention
-from .basics import seeded
-from .grader import Bug, Case, define
+from .grader import Bug, Case, define, seeded
 
 __all__ = ["tensor_parallel"]
 

@@ -15,8 +15,7 @@ import torch
 from ..attention.alibi import ALiBi
 from ..attention.alibi import alibi_slopes as book_alibi_slopes
 from ..attention.rope import RotaryEmbedding
-from .basics import seeded
-from .grader import Bug, Case, define
+from .grader import Bug, Case, define, seeded
 
 __all__ = ["rope", "rope_rotate_half", "alibi_slopes", "alibi_bias"]
 
