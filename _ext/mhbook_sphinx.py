@@ -58,9 +58,9 @@ import jupyter_server_mathjax
 from docutils import nodes
 from docutils.statemachine import StringList
 from pybtex.plugin import register_plugin
-from pybtex.richtext import Text
 from pybtex.style.formatting.unsrt import Style as UnsrtStyle
 from pybtex.style.labels import BaseLabelStyle
+from reader_notebooks import ROOT, authors, repository  # a sibling in _ext/, on the path
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.util.docutils import SphinxDirective
@@ -147,15 +147,13 @@ def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
         shutil.copytree(MATHJAX_SOURCE, target, dirs_exist_ok=True)
 
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCE_ROLE = re.compile(r"^(?:(.*?)\s*<([^<>]+)>|(.+))$", re.S)
 
 
-def source_url(config: Config, path: str) -> str:
+def source_url(path: str) -> str:
     """The address of ``path`` (a file of the repository) on the repository's site."""
-    options = config.html_theme_options
-    url = str(options.get("repository_url", "")).rstrip("/")
-    return f"{url}/blob/{options.get('repository_branch') or 'main'}/{path}"
+    url, branch = repository()
+    return f"{url}/blob/{branch}/{path}"
 
 
 def _source_role(name, rawtext, text, lineno, inliner, options=None, content=None):
@@ -166,14 +164,13 @@ def _source_role(name, rawtext, text, lineno, inliner, options=None, content=Non
     if not (ROOT / path).is_file():
         message = inliner.reporter.warning(f"{{source}}: no file {path!r} in the repository")
         return [inliner.problematic(rawtext, rawtext, message)], [message]
-    config = inliner.document.settings.env.app.config
-    link = nodes.reference(rawtext, "", refuri=source_url(config, path))
+    link = nodes.reference(rawtext, "", refuri=source_url(path))
     link += nodes.literal(label or target, label or target) if not label else nodes.Text(label)
     return [link], []
 
 
-READER_COPIES = Path(__file__).resolve().parents[1] / "notebooks"
-PRACTICE_COPIES = Path(__file__).resolve().parents[1] / "practice"
+READER_COPIES = ROOT / "notebooks"
+PRACTICE_COPIES = ROOT / "practice"
 PRACTICE_TEXT = "Practice in Colab"
 
 
@@ -250,12 +247,7 @@ class AuthorYearLabels(BaseLabelStyle):
     def format_labels(self, sorted_entries):
         seen: dict[str, int] = {}
         for entry in sorted_entries:
-            people = entry.persons.get("author") or entry.persons.get("editor") or []
-            names = [Text.from_latex(" ".join(p.last_names)).render_as("text") for p in people]
-            if len(names) > 2:
-                who = f"{names[0]} et al."
-            else:
-                who = " and ".join(names) or entry.key
+            who = authors(entry)
             label = f"{who} {entry.fields.get('year', '')}".strip()
             seen[label] = seen.get(label, 0) + 1
             yield (

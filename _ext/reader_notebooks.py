@@ -35,6 +35,7 @@ import yaml
 from myst_nb.core.variables import format_plain_text
 from myst_nb.ext.glue import extract_glue_data_cell
 from pybtex.database import parse_file
+from pybtex.richtext import Text
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ROOT / "chapters"
@@ -68,15 +69,20 @@ def repository() -> tuple[str, str]:
     return config["repository"]["url"].rstrip("/"), config["repository"].get("branch", "main")
 
 
+def authors(entry) -> str:
+    """The book's one rule for naming a reference's authors: "Vaswani et al." (three or
+    more), "Bahdanau and Cho" (two), the name (one), else the entry's key."""
+    people = entry.persons.get("author") or entry.persons.get("editor") or []
+    names = [Text.from_latex(" ".join(p.last_names)).render_as("text") for p in people]
+    return f"{names[0]} et al." if len(names) > 2 else " and ".join(names) or entry.key
+
+
 def citations() -> dict[str, tuple[str, str | None]]:
     """``key -> ("Vaswani et al., 2017", url or None)`` for every entry of ``references.bib``."""
-    out = {}
-    for key, entry in parse_file(ROOT / "references.bib").entries.items():
-        people = entry.persons.get("author") or entry.persons.get("editor") or []
-        names = [" ".join(p.last_names).replace("{", "").replace("}", "") for p in people]
-        who = f"{names[0]} et al." if len(names) > 2 else " and ".join(names) or key
-        out[key] = (f"{who}, {entry.fields.get('year', 'n.d.')}", entry.fields.get("url"))
-    return out
+    return {
+        key: (f"{authors(entry)}, {entry.fields.get('year', 'n.d.')}", entry.fields.get("url"))
+        for key, entry in parse_file(ROOT / "references.bib").entries.items()
+    }
 
 
 def glued_values(notebook) -> dict[str, dict]:

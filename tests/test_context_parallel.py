@@ -13,11 +13,8 @@ import pytest
 import torch
 
 from mhbook.distributed import launch
-from mhbook.distributed.context_parallel import (
-    check_context_parallel,
-    context_parallel_bytes,
-    ulysses_attention,
-)
+from mhbook.distributed.context_parallel import context_parallel_bytes, ulysses_attention
+from mhbook.distributed.verify import check_context_parallel
 
 pytestmark = pytest.mark.slow(seconds=25)  # starts 4 processes twice
 

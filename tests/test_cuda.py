@@ -109,12 +109,11 @@ def test_tensor_parallel_attention_on_two_gpus_with_nccl(api):
     """Heads split over 2 GPUs (mhbook.distributed.tensor_parallel) on NCCL: equal to one GPU,
     forward and
     gradients, in float64."""
-    from mhbook.distributed import launch
-    from mhbook.distributed import tensor_parallel as parallel
+    from mhbook.distributed import launch, verify
 
     for cross in (False, True):
         ranks = launch.run(
-            parallel.check_tensor_parallel, api, world_size=2, timeout=300, cross=cross
+            verify.check_tensor_parallel, api, world_size=2, timeout=300, cross=cross
         )
         for rank, result in enumerate(ranks):
             assert result["backend"] == "nccl" and result["rank"] == rank

@@ -19,8 +19,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing
 
-from mhbook.distributed import launch
-from mhbook.distributed import tensor_parallel as parallel
+from mhbook.distributed import launch, verify
 
 pytestmark = pytest.mark.slow(seconds=40)  # starts processes
 
@@ -131,7 +130,7 @@ def test_a_rank_that_dies_is_named_with_its_exit_code(started, death, how):
 def test_run_raises_a_workers_exception_with_its_traceback():
     with pytest.raises(launch.WorkerError, match=r"(?s)rank \d of 2 \(gloo\) raised.*api must be"):
         launch.run(
-            parallel.check_tensor_parallel,
+            verify.check_tensor_parallel,
             "nonsense",
             world_size=2,
             backend="gloo",
@@ -167,7 +166,7 @@ def test_bad_arguments_are_refused_before_anything_starts(monkeypatch, name, val
 
     monkeypatch.setattr(dist, "TCPStore", must_not_start)
     monkeypatch.setattr(torch.multiprocessing, "get_context", must_not_start)
-    arguments = {"fn": parallel.check_tensor_parallel, "backend": "gloo", name: value}
+    arguments = {"fn": verify.check_tensor_parallel, "backend": "gloo", name: value}
     with pytest.raises(error, match=match):
         launch.run(arguments.pop("fn"), **arguments)
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import mhbook
-from mhbook.distributed import launch
+from mhbook.distributed import launch, verify
 from mhbook.distributed import tensor_parallel as parallel
 from mhbook.distributed.tensor_parallel import TensorParallelMultiHeadAttention as TPAttention
 
@@ -157,7 +157,7 @@ def test_layer_cost_is_counted_from_the_shapes():
 def check_all(rank, world_size, device):
     """Every case in one start-up: hand-written and DTensor, self- and cross-attention."""
     return {
-        (api, cross): parallel.check_tensor_parallel(rank, world_size, device, api, cross=cross)
+        (api, cross): verify.check_tensor_parallel(rank, world_size, device, api, cross=cross)
         for api in ("by hand", "dtensor")
         for cross in (False, True)
     }

@@ -24,6 +24,7 @@ __all__ = [
     "POSITIONS",
     "NORMS",
     "FFNS",
+    "LLAMA_SHAPE",
     "ModelConfig",
     "DataConfig",
     "TrainConfig",
@@ -79,6 +80,22 @@ class RopeScaling:
         check_int("RopeScaling.original_context", self.original_context, 1)
         check_number("RopeScaling.beta_slow", self.beta_slow, 0.0, low_inclusive=False)
         check_number("RopeScaling.beta_fast", self.beta_fast, self.beta_slow, low_inclusive=False)
+
+
+#: What a Llama-shaped :class:`ModelConfig` holds: field -> (its value, what Llama has).
+#: :func:`mhbook.lm_to_hf` and the live language model require it (:meth:`ModelConfig.require`).
+LLAMA_SHAPE: dict[str, tuple[Any, str]] = {
+    "norm": ("rms", "RMSNorm"),
+    "ffn": ("swiglu", "a SwiGLU feed-forward network"),
+    "bias": (False, "no biases"),
+    "position": ("rope", "RoPE"),
+    "norm_first": (True, "pre-norm"),
+    "scale_embeddings": (False, "unscaled embeddings"),
+    "dropout": (0.0, "no residual dropout"),
+    "d_latent": (None, "no latent attention"),
+    "sinks": (0, "no attention sinks"),
+    "global_every": (None, "one kind of attention in every layer"),
+}
 
 
 class _Replace:
@@ -235,6 +252,18 @@ class ModelConfig(_Replace):
                 f"ModelConfig.rope_scaling with d_latent={self.d_latent}: latent attention's "
                 "decoupled RoPE is not scaled; leave rope_scaling None"
             )
+
+    def require(self, shape: dict[str, tuple[Any, str]], user: str) -> None:
+        """Refuse this config unless each field of ``shape`` (field -> (value, what it
+        means)) has that value: the ``ValueError`` names every field that differs, its value,
+        and what ``user`` (e.g. "Hugging Face's Llama") needs instead."""
+        wrong = [
+            f"{name}={getattr(self, name)!r} ({user} needs {what}: {name}={value!r})"
+            for name, (value, what) in shape.items()
+            if getattr(self, name) != value
+        ]
+        if wrong:
+            raise ValueError(f"this ModelConfig cannot be run by {user}: " + "; ".join(wrong))
 
     @property
     def d_head(self) -> int:

@@ -20,8 +20,7 @@ of feeding it are in use:
 
 Both are written here for teaching, forward only, with ``torch.distributed`` on any
 backend that has ``all_to_all_single``, ``send`` and ``recv`` (gloo on the CPU, NCCL on GPUs).
-:func:`check_context_parallel` runs in each rank (via :func:`mhbook.distributed.launch.run`) and
-compares
+:func:`mhbook.distributed.verify.check_context_parallel` runs in each rank and compares
 them with the single-process :class:`mhbook.MultiHeadAttention`, recording the bytes each
 rank sends; :func:`context_parallel_bytes` gives those bytes from the shapes, beside
 Megatron's all-reduce.
@@ -34,15 +33,13 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..attention.multihead import MultiHeadAttention
 from ..core.masks import causal_mask
-from ..core.validate import check_choice, check_int
+from ..core.validate import check_int
 
 __all__ = [
     "ulysses_attention",
     "ring_attention",
     "context_parallel_bytes",
-    "check_context_parallel",
 ]
 
 
@@ -160,57 +157,4 @@ def context_parallel_bytes(
         "megatron": 2 * (p - 1) * n // p,
         "ulysses": 4 * (p - 1) * n // (p * p),
         "ring": (p - 1) * 2 * n // p,
-    }
-
-
-def check_context_parallel(
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    method: str = "ulysses",
-    *,
-    dtype: torch.dtype = torch.float64,
-    batch: int = 2,
-    length: int = 8,
-    d_model: int = 16,
-    num_heads: int = 4,
-    seed: int = 0,
-) -> dict:
-    """Compare context-parallel causal self-attention with the single-process layer.
-
-    Run it in every rank with ``mhbook.distributed.launch.run(check_context_parallel, method,
-    ...)``.
-    Every rank builds the same ``MultiHeadAttention`` and input from ``seed``, runs the
-    single-process layer on the whole sequence, then the layer on its own ``length / p``
-    tokens with ``method`` (``"ulysses"`` or ``"ring"``) in place of attention.
-
-    Returns:
-        ``{"rank", "backend", "method", "tokens", "max_diff", "sent"}``: ``tokens`` the
-        rank's ``(first, last)`` position, ``max_diff`` ``max |parallel - single|`` of the
-        rank's output rows, ``sent`` the ``(what, bytes)`` of every collective it issued.
-    """
-    check_choice("method", method, ("ulysses", "ring"))
-    attend = {"ulysses": ulysses_attention, "ring": ring_attention}[method]
-    check_int("length", length)
-    if length % world_size:
-        raise ValueError(f"length ({length}) must be a multiple of world_size ({world_size})")
-    torch.manual_seed(seed)  # the same layer and input on every rank
-    mha = MultiHeadAttention(d_model, num_heads).to(device, dtype)
-    x = torch.randn(batch, length, d_model, device=device, dtype=dtype)
-    with torch.no_grad():
-        single, _ = mha(x, is_causal=True)
-        n = length // world_size
-        mine = x[:, rank * n : (rank + 1) * n]  # this rank's tokens
-        # the projections work token by token: no communication
-        q, k, v = (mha.split_heads(W(mine)) for W in (mha.W_q, mha.W_k, mha.W_v))
-        log: list = []
-        heads = attend(q, k, v, is_causal=True, log=log)
-        out = mha.W_o(mha.merge_heads(heads))
-    return {
-        "rank": rank,
-        "backend": dist.get_backend(),
-        "method": method,
-        "tokens": (rank * n, (rank + 1) * n - 1),
-        "max_diff": (out - single[:, rank * n : (rank + 1) * n]).abs().max().item(),
-        "sent": log,
     }

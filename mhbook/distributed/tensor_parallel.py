@@ -18,7 +18,8 @@ forward pass). Two all-reduces of ``(batch, L, d_model)`` per layer and step, wh
 
 :class:`TensorParallelMultiHeadAttention` writes this out with ``torch.distributed`` for
 teaching; :func:`parallelize_heads` gets the same from PyTorch's own tensor-parallel API
-(``ColwiseParallel``/``RowwiseParallel`` on a ``DeviceMesh``). :func:`check_tensor_parallel`
+(``ColwiseParallel``/``RowwiseParallel`` on a ``DeviceMesh``).
+:func:`mhbook.distributed.verify.check_tensor_parallel`
 runs in each rank (via :func:`mhbook.distributed.launch.run`) and compares either one with the
 single-process :class:`mhbook.MultiHeadAttention`; :func:`layer_cost` counts the bytes
 communicated against the FLOPs computed.
@@ -35,7 +36,6 @@ from torch import nn
 
 from ..attention.multihead import MultiHeadAttention
 from ..attention.sdpa import attend
-from ..core.masks import causal_mask, padding_mask
 from ..core.validate import check_int
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "parallelize_heads",
     "layer_cost",
     "cost_table",
-    "check_tensor_parallel",
 ]
 
 #: How each parameter of ``MultiHeadAttention`` is split across the ranks: the dimension of
@@ -499,119 +498,3 @@ def cost_table(shapes: dict[str, dict]) -> str:
             label = name if phase == "forward" else ""
             lines.append(f"{label:<{width}}{phase:<10}{flops:>18,}{sent:>21,}{ratio}")
     return "\n".join(lines)
-
-
-# -- the check, run in every rank -------------------------------------------------------
-def check_tensor_parallel(
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    api: str = "by hand",
-    *,
-    cross: bool = False,
-    dtype: torch.dtype = torch.float64,
-    batch: int = 2,
-    length: int = 6,
-    d_model: int = 16,
-    num_heads: int = 4,
-    seed: int = 0,
-) -> dict:
-    """Compare tensor-parallel attention with the single-process layer, in one rank.
-
-    Run it in every rank with ``mhbook.distributed.launch.run(check_tensor_parallel, ...)``. Each
-    rank
-    builds the same ``MultiHeadAttention``, inputs and output gradient from ``seed``, runs
-    the single-process layer, then its share of the tensor-parallel one (``api="by hand"``:
-    :class:`TensorParallelMultiHeadAttention`; ``api="dtensor"``: :func:`parallelize_heads`),
-    and compares the outputs, the gradients of the inputs and the gathered gradients of every
-    parameter.
-
-    Args:
-        cross: cross-attention to a memory of another width and length with a padding mask,
-            instead of causal self-attention.
-
-    Returns:
-        ``{"rank", "world_size", "backend", "api", "heads", "max_diff", "collectives"}``:
-        ``heads`` the rank's ``(first, last)`` head; ``max_diff`` ``{what: max |tp - single|}``
-        for the output, each input's gradient and each parameter's gradient; ``collectives``
-        ``{"forward": [...], "backward": [...]}``, the :class:`Collective` calls (``"by
-        hand"``) or the numbers of all-reduces PyTorch issued (``"dtensor"``).
-    """
-    if api not in ("by hand", "dtensor"):
-        raise ValueError(f"api must be 'by hand' or 'dtensor', got {api!r}")
-    torch.manual_seed(seed)  # the same layer, inputs and output gradient on every rank
-    memory_dim = d_model - 4 if cross else None
-    mha = MultiHeadAttention(d_model, num_heads, kdim=memory_dim, vdim=memory_dim)
-    mha = mha.to(device, dtype)
-    x = torch.randn(batch, length, d_model, device=device, dtype=dtype)
-    if cross:
-        memory = torch.randn(batch, length + 2, memory_dim, device=device, dtype=dtype)
-        valid_lens = torch.full((batch,), length + 2, device=device)
-        valid_lens[1::2] = 3  # every other memory is padded after 3 positions
-        mask = padding_mask(valid_lens, length + 2)
-        inputs = {"query": x, "memory": memory}
-    else:
-        mask = causal_mask(length, device=device)
-        inputs = {"x": x}
-    grad_output = torch.randn(batch, length, d_model, device=device, dtype=dtype)
-
-    def call(layer, leaves):
-        if cross:
-            return layer(leaves["query"], leaves["memory"], leaves["memory"], mask)[0]
-        return layer(leaves["x"], leaves["x"], leaves["x"], mask)[0]
-
-    def leaves():
-        return {name: t.detach().clone().requires_grad_() for name, t in inputs.items()}
-
-    single_inputs = leaves()
-    single_out = call(mha, single_inputs)
-    single_out.backward(grad_output)
-    single_grads = {name: p.grad for name, p in mha.named_parameters()}
-
-    tp_inputs = leaves()
-    if api == "by hand":
-        tp = TensorParallelMultiHeadAttention.from_module(mha, rank, world_size)
-        with record_collectives() as forward_log:
-            tp_out = call(tp, tp_inputs)
-        with record_collectives() as backward_log:
-            tp_out.backward(grad_output)
-        collectives = {"forward": list(forward_log), "backward": list(backward_log)}
-        tp_grads = gather_full(tp, grads=True)
-        heads = (tp.heads.start, tp.heads.stop - 1)
-    else:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.debug import CommDebugMode
-
-        mesh = init_device_mesh(device.type, (world_size,))
-        tp = MultiHeadAttention(d_model, num_heads, kdim=memory_dim, vdim=memory_dim)
-        tp = tp.to(device, dtype)
-        tp.load_state_dict(mha.state_dict())
-        parallelize_heads(tp, mesh)
-        counts = {}
-        with CommDebugMode() as comm:
-            tp_out = call(tp, tp_inputs)
-        counts["forward"] = comm.get_total_counts()
-        with CommDebugMode() as comm:
-            tp_out.backward(grad_output)
-        counts["backward"] = comm.get_total_counts()
-        collectives = counts
-        tp_grads = {name: p.grad.full_tensor() for name, p in tp.named_parameters()}
-        heads = (rank * tp.num_heads, (rank + 1) * tp.num_heads - 1)
-
-    def max_diff(a, b):
-        return (a.detach() - b.detach()).abs().max().item()
-
-    diffs = {"output": max_diff(tp_out, single_out)}
-    for name in inputs:
-        diffs[f"grad {name}"] = max_diff(tp_inputs[name].grad, single_inputs[name].grad)
-    for name, grad in single_grads.items():
-        diffs[f"grad {name}"] = max_diff(tp_grads[name], grad)
-    return {
-        "rank": rank,
-        "world_size": world_size,
-        "backend": dist.get_backend(),
-        "api": api,
-        "heads": heads,
-        "max_diff": diffs,
-        "collectives": collectives,
-    }

@@ -43,7 +43,7 @@ from torch import nn
 from ..attention.mla import MultiHeadLatentAttention
 from ..attention.multihead import MultiHeadAttention
 from ..attention.rope import RotaryEmbedding, ntk_base
-from ..core.config import ModelConfig, RopeScaling
+from ..core.config import LLAMA_SHAPE, ModelConfig, RopeScaling
 from .lm import DecoderOnlyLM
 
 __all__ = [
@@ -73,20 +73,6 @@ LLAMA_NAMES = {
     "blocks.{i}.ffn.W_down.weight": "model.layers.{i}.mlp.down_proj.weight",
     "norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
-}
-
-#: What a Llama-shaped config holds: field -> (the value, what Llama has).
-_LLAMA_SHAPE = {
-    "norm": ("rms", "RMSNorm"),
-    "ffn": ("swiglu", "a SwiGLU feed-forward network"),
-    "bias": (False, "no biases"),
-    "position": ("rope", "RoPE"),
-    "norm_first": (True, "pre-norm"),
-    "scale_embeddings": (False, "unscaled embeddings"),
-    "dropout": (0.0, "no residual dropout"),
-    "d_latent": (None, "no latent attention"),
-    "sinks": (0, "no attention sinks"),
-    "global_every": (None, "one kind of attention in every layer"),
 }
 
 
@@ -261,15 +247,7 @@ def hf_config(config: ModelConfig, vocab_size: int, **special_tokens):
     """
     from transformers import LlamaConfig, MistralConfig
 
-    wrong = [
-        f"{name}={getattr(config, name)!r} (Llama has {what}: {name}={value!r})"
-        for name, (value, what) in _LLAMA_SHAPE.items()
-        if getattr(config, name) != value
-    ]
-    if wrong:
-        raise ValueError(
-            "this ModelConfig has no Hugging Face Llama or Mistral equivalent: " + "; ".join(wrong)
-        )
+    config.require(LLAMA_SHAPE, "Hugging Face's Llama and Mistral")
     unknown = set(special_tokens) - {"bos_token_id", "eos_token_id", "pad_token_id"}
     if unknown:
         raise TypeError(f"unexpected arguments {sorted(unknown)}")

@@ -36,7 +36,7 @@ import torch
 
 from ...core.utils import to_numpy
 from .svg import colour_scale, embed, heatmap_svg
-from .twin import widget_modules
+from .twin import redraw_on, widget_modules
 
 __all__ = [
     "explorer_weights",
@@ -203,7 +203,7 @@ def attention_explorer(
     Raises:
         ImportError: If ipywidgets is not installed (``pip install ipywidgets``).
     """
-    widgets, display = widget_modules("attention_explorer")
+    widgets = widget_modules("attention_explorer")
     import matplotlib.pyplot as plt
 
     from ..plot import plot_heatmap
@@ -243,22 +243,19 @@ def attention_explorer(
     def matrix(m: str) -> np.ndarray:
         return np.array([[b.value for b in row] for row in boxes[m]])
 
-    def redraw(*_):
+    def draw():
         if state["busy"]:
-            return
+            return None
         ui.output, ui.weights = explorer_attention(X, matrix("q"), matrix("k"), matrix("v"))
-        with out:
-            out.clear_output(wait=True)
-            fig, (ax_w, ax_o) = plt.subplots(
-                1, 2, figsize=(10, 4.2), layout="constrained", width_ratios=[5, 3.4]
-            )
-            title = f"softmax((X W_q)(X W_k)ᵀ / √{d})"
-            plot_heatmap(ui.weights, tokens, tokens, title, ax_w, annotate=True, vmin=0, vmax=1)
-            plot_heatmap(ui.output, tokens, axis_names, "outputs A X W_v", ax_o, annotate=True,
-                         cmap=OUTPUT_CMAP, vmin=-OUTPUT_RANGE, vmax=OUTPUT_RANGE,
-                         xlabel="output axis", ylabel="token")  # fmt: skip
-            display(fig)
-            plt.close(fig)
+        fig, (ax_w, ax_o) = plt.subplots(
+            1, 2, figsize=(10, 4.2), layout="constrained", width_ratios=[5, 3.4]
+        )
+        title = f"softmax((X W_q)(X W_k)ᵀ / √{d})"
+        plot_heatmap(ui.weights, tokens, tokens, title, ax_w, annotate=True, vmin=0, vmax=1)
+        plot_heatmap(ui.output, tokens, axis_names, "outputs A X W_v", ax_o, annotate=True,
+                     cmap=OUTPUT_CMAP, vmin=-OUTPUT_RANGE, vmax=OUTPUT_RANGE,
+                     xlabel="output axis", ylabel="token")  # fmt: skip
+        return fig
 
     def apply(name: str):
         state["busy"] = True  # one redraw for the whole preset, not one per box
@@ -268,10 +265,7 @@ def attention_explorer(
         state["busy"] = False
         redraw()
 
-    for m, _ in MATRICES:
-        for row in boxes[m]:
-            for b in row:
-                b.observe(redraw, names="value")
+    redraw = redraw_on([b for m, _ in MATRICES for row in boxes[m] for b in row], out, draw)
     preset.observe(lambda change: apply(change["new"]), names="value")
 
     def on_reset(_):
@@ -281,7 +275,6 @@ def attention_explorer(
             preset.value = "identity"  # applies it
 
     reset.on_click(on_reset)
-    redraw()
     return ui
 
 

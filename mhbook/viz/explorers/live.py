@@ -45,7 +45,7 @@ from string import Template
 import numpy as np
 import torch
 
-from ...core.config import ModelConfig
+from ...core.config import LLAMA_SHAPE, ModelConfig
 from ...models.lm import DecoderOnlyLM
 from ...models.transformer import Transformer
 from ...tasks.numbers import NumberTranslation
@@ -90,27 +90,23 @@ def _panel(template: str, **values: str) -> str:
 def _check_supported(config: ModelConfig) -> None:
     """The JavaScript forward implements the book's translator: post-norm LayerNorm, ReLU,
     biases, sinusoidal positions, multi-head attention. Anything else is refused by name."""
-    wanted = {
-        "norm_first": False,
-        "norm": "layer",
-        "ffn": "relu",
-        "position": "sinusoidal",
-        "num_kv_heads": None,
-        "d_latent": None,
-        "window": None,
-        "head_dim": None,
-        "tie_embeddings": False,
-    }
-    wrong = {f: getattr(config, f) for f, v in wanted.items() if getattr(config, f) != v}
-    if config.num_kv_heads == config.num_heads:
-        wrong.pop("num_kv_heads", None)
-    if config.bias is False:
-        wrong["bias"] = False
-    if wrong:
-        raise ValueError(
-            "the live translator's JavaScript runs the book's Transformer (post-norm LayerNorm, "
-            f"ReLU, biases, sinusoidal positions, multi-head attention); not {wrong}"
-        )
+    if config.kv_heads == config.num_heads:  # num_kv_heads = num_heads is multi-head too
+        config = config.replace(num_kv_heads=None)
+    config.require(
+        {
+            "norm_first": (False, "post-norm"),
+            "norm": ("layer", "LayerNorm"),
+            "ffn": ("relu", "a ReLU feed-forward network"),
+            "bias": (True, "biases"),
+            "position": ("sinusoidal", "sinusoidal positions"),
+            "num_kv_heads": (None, "one key/value head per query head"),
+            "d_latent": (None, "no latent attention"),
+            "window": (None, "full attention"),
+            "head_dim": (None, "heads of d_model // num_heads"),
+            "tie_embeddings": (False, "untied embeddings"),
+        },
+        "the live translator's JavaScript",
+    )
 
 
 def live_path(name: str = LIVE_FILE) -> Path:
@@ -258,28 +254,13 @@ _LM_CONFIG_FIELDS = (
 
 
 def _check_lm_supported(config: ModelConfig) -> None:
-    """The JavaScript forward implements a Llama-shaped :class:`~mhbook.DecoderOnlyLM`:
-    pre-norm RMSNorm, SwiGLU, RoPE in the rotate-half layout (unscaled), grouped-query (or
-    multi-head, or multi-query) attention in one sliding window, no biases. Anything else is
-    refused by name."""
-    wanted = {
-        "norm_first": True,
-        "norm": "rms",
-        "ffn": "swiglu",
-        "position": "rope",
-        "bias": False,
-        "rope_scaling": None,
-        "d_latent": None,
-        "sinks": 0,
-        "global_every": None,
-    }
-    wrong = {f: getattr(config, f) for f, v in wanted.items() if getattr(config, f) != v}
-    if wrong:
-        raise ValueError(
-            "the live language model's JavaScript runs a Llama-shaped DecoderOnlyLM (pre-norm "
-            "RMSNorm, SwiGLU, unscaled RoPE, grouped-query attention, no biases, one sliding "
-            f"window); not {wrong}"
-        )
+    """The JavaScript forward implements a Llama-shaped :class:`~mhbook.DecoderOnlyLM`
+    (:data:`~mhbook.LLAMA_SHAPE`, dropout aside, which inference does not use) with
+    unscaled RoPE in the rotate-half layout and grouped-query (or multi-head, or
+    multi-query) attention in one sliding window. Anything else is refused by name."""
+    shape = {k: v for k, v in LLAMA_SHAPE.items() if k != "dropout"}
+    shape["rope_scaling"] = (None, "unscaled RoPE")
+    config.require(shape, "the live language model's JavaScript")
 
 
 def export_lm(

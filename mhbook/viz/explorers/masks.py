@@ -25,7 +25,7 @@ import torch
 from ...core.utils import to_numpy
 from ..colours import MASK_COLORS
 from .svg import colour_scale, embed, heatmap_svg
-from .twin import widget_modules
+from .twin import redraw_on, widget_modules
 
 __all__ = ["ALIGNMENTS", "explorer_mask", "masked_weights", "mask_explorer", "mask_explorer_html"]
 
@@ -92,7 +92,7 @@ def mask_explorer(scores, num_queries: int = 4, num_keys: int = 6):
         An ``ipywidgets.VBox`` with attributes ``lq``, ``lk``, ``valid``, ``causal`` (the
         controls), ``mask`` and ``weights`` (what was drawn last).
     """
-    widgets, display = widget_modules("mask_explorer")
+    widgets = widget_modules("mask_explorer")
     import matplotlib.pyplot as plt
 
     from ..plot import plot_heatmap, plot_mask
@@ -106,22 +106,17 @@ def mask_explorer(scores, num_queries: int = 4, num_keys: int = 6):
     ui = widgets.VBox([widgets.HBox([lq, lk]), widgets.HBox([valid, causal]), out])
     ui.lq, ui.lk, ui.valid, ui.causal = lq, lk, valid, causal
 
-    def redraw(*_):
+    def draw():
         valid.max = lk.value
         ui.mask = explorer_mask(lq.value, lk.value, valid.value, causal.value)
         ui.weights = masked_weights(s[: lq.value, : lk.value], ui.mask)
         rows, cols = _labels("q", lq.value), _labels("k", lk.value)
-        with out:
-            out.clear_output(wait=True)
-            fig, (ax_m, ax_w) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
-            plot_mask(ui.mask, rows, cols, title=f"mask ({causal.value})", ax=ax_m)
-            plot_heatmap(ui.weights, rows, cols, "weights", ax_w, annotate=True, vmin=0, vmax=1)
-            display(fig)
-            plt.close(fig)
+        fig, (ax_m, ax_w) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
+        plot_mask(ui.mask, rows, cols, title=f"mask ({causal.value})", ax=ax_m)
+        plot_heatmap(ui.weights, rows, cols, "weights", ax_w, annotate=True, vmin=0, vmax=1)
+        return fig
 
-    for control in (lq, lk, valid, causal):
-        control.observe(redraw, names="value")
-    redraw()
+    redraw_on((lq, lk, valid, causal), out, draw)
     return ui
 
 

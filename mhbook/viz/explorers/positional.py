@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .svg import bars_svg, embed, line_chart_svg
-from .twin import widget_modules
+from .twin import redraw_on, widget_modules
 
 __all__ = ["encoding", "offset_dots", "positional_explorer", "positional_explorer_html"]
 
@@ -65,7 +65,7 @@ def positional_explorer(num_positions: int = 64, d_model: int = 32):
         An ``ipywidgets.VBox`` with attributes ``t``, ``s``, ``i`` (the sliders) and ``dot``
         (``P_t . P_s`` drawn last).
     """
-    widgets, display = widget_modules("positional_explorer")
+    widgets = widget_modules("positional_explorer")
     import matplotlib.pyplot as plt
 
     P = encoding(num_positions, d_model)
@@ -76,27 +76,22 @@ def positional_explorer(num_positions: int = 64, d_model: int = 32):
     ui = widgets.VBox([widgets.HBox([t, s, i]), out])
     ui.t, ui.s, ui.i = t, s, i
 
-    def redraw(*_):
+    def draw():
         ui.dot = float(P[t.value] @ P[s.value])
         offsets, dots = offset_dots(t.value, num_positions, d_model)
-        with out:
-            out.clear_output(wait=True)
-            fig, axs = plt.subplots(1, 3, figsize=(14, 3.4), layout="constrained")
-            axs[0].bar(range(d_model), P[t.value], color="tab:blue")
-            axs[0].set_ylim(-1.1, 1.1)
-            axs[0].set(title=f"code P_t, t = {t.value}", xlabel="dimension", ylabel="value")
-            axs[1].plot(range(num_positions), P[:, i.value])
-            axs[1].plot([t.value], [P[t.value, i.value]], "ko")
-            axs[1].set(title=_frequency_text(i.value, d_model), xlabel="position", ylabel="value")
-            axs[2].plot(offsets, dots)
-            axs[2].plot([s.value - t.value], [ui.dot], "ko")
-            axs[2].set(title="P_t · P_(t+k)", xlabel="offset k", ylabel="dot product")
-            display(fig)
-            plt.close(fig)
+        fig, axs = plt.subplots(1, 3, figsize=(14, 3.4), layout="constrained")
+        axs[0].bar(range(d_model), P[t.value], color="tab:blue")
+        axs[0].set_ylim(-1.1, 1.1)
+        axs[0].set(title=f"code P_t, t = {t.value}", xlabel="dimension", ylabel="value")
+        axs[1].plot(range(num_positions), P[:, i.value])
+        axs[1].plot([t.value], [P[t.value, i.value]], "ko")
+        axs[1].set(title=_frequency_text(i.value, d_model), xlabel="position", ylabel="value")
+        axs[2].plot(offsets, dots)
+        axs[2].plot([s.value - t.value], [ui.dot], "ko")
+        axs[2].set(title="P_t · P_(t+k)", xlabel="offset k", ylabel="dot product")
+        return fig
 
-    for control in (t, s, i):
-        control.observe(redraw, names="value")
-    redraw()
+    redraw_on((t, s, i), out, draw)
     return ui
 
 

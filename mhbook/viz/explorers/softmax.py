@@ -28,7 +28,7 @@ import torch
 
 from ...core.utils import to_numpy
 from .svg import bars_svg, colour_scale, embed, line_chart_svg
-from .twin import widget_modules
+from .twin import redraw_on, widget_modules
 
 __all__ = ["softmax_stats", "median_norms", "softmax_explorer", "softmax_explorer_html"]
 
@@ -112,7 +112,7 @@ def softmax_explorer(dims: Sequence[int], raw_scores, upstream, start: int | Non
         An ``ipywidgets.VBox`` with attributes ``d_k``, ``scaled``, ``temperature``,
         ``query`` (the controls) and ``stats`` (:func:`softmax_stats` of what was drawn last).
     """
-    widgets, display = widget_modules("softmax_explorer")
+    widgets = widget_modules("softmax_explorer")
     import matplotlib.pyplot as plt
 
     dims, raw, g = _check(dims, raw_scores, upstream)
@@ -127,34 +127,29 @@ def softmax_explorer(dims: Sequence[int], raw_scores, upstream, start: int | Non
     ui = widgets.VBox([widgets.HBox([d_k, temperature]), widgets.HBox([query, scaled]), out])
     ui.d_k, ui.scaled, ui.temperature, ui.query = d_k, scaled, temperature, query
 
-    def redraw(*_):
+    def draw():
         n, i = dims.index(d_k.value), query.value
         ui.stats = stats = softmax_stats(
             raw[n, i], g[n, i], d_k.value, scaled.value, temperature.value
         )
         series, x = _norm_series(dims, raw, g, temperature.value)
-        with out:
-            out.clear_output(wait=True)
-            fig, (ax_a, ax_j) = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
-            ax_a.bar(range(len(stats["weights"])), stats["weights"], color="tab:red")
-            ax_a.set_ylim(0, 1)
-            ax_a.set_xlabel("key")
-            ax_a.set_ylabel("weight")
-            ax_a.set_title(f"softmax weights, d_k = {d_k.value}, T = {temperature.value:g}")
-            ax_j.semilogy(x, series[0], "o-", color="tab:red", label="raw q·k")
-            ax_j.semilogy(x, series[1], "s-", color="tab:blue", label="scaled q·k / √d_k")
-            ax_j.plot([math.log2(d_k.value)], [stats["jacobian_norm"]], "ko")
-            ax_j.set_ylim(*NORM_RANGE)
-            ax_j.set_xlabel("log2 d_k")
-            ax_j.set_ylabel("median ||J||_F over the queries")
-            ax_j.set_title("Norm of the softmax Jacobian")
-            ax_j.legend()
-            display(fig)
-            plt.close(fig)
+        fig, (ax_a, ax_j) = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
+        ax_a.bar(range(len(stats["weights"])), stats["weights"], color="tab:red")
+        ax_a.set_ylim(0, 1)
+        ax_a.set_xlabel("key")
+        ax_a.set_ylabel("weight")
+        ax_a.set_title(f"softmax weights, d_k = {d_k.value}, T = {temperature.value:g}")
+        ax_j.semilogy(x, series[0], "o-", color="tab:red", label="raw q·k")
+        ax_j.semilogy(x, series[1], "s-", color="tab:blue", label="scaled q·k / √d_k")
+        ax_j.plot([math.log2(d_k.value)], [stats["jacobian_norm"]], "ko")
+        ax_j.set_ylim(*NORM_RANGE)
+        ax_j.set_xlabel("log2 d_k")
+        ax_j.set_ylabel("median ||J||_F over the queries")
+        ax_j.set_title("Norm of the softmax Jacobian")
+        ax_j.legend()
+        return fig
 
-    for control in (d_k, scaled, temperature, query):
-        control.observe(redraw, names="value")
-    redraw()
+    redraw_on((d_k, scaled, temperature, query), out, draw)
     return ui
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..attention_records import KINDS, ViewerData, layer_name
 from .svg import _static, colour_scale, colour_table, embed
-from .twin import widget_modules
+from .twin import redraw_on, widget_modules
 
 __all__ = [
     "viewer_payload",
@@ -396,8 +396,7 @@ def attention_viewer(view: ViewerData):
     Raises:
         ImportError: If ipywidgets is not installed (``pip install ipywidgets``).
     """
-    widgets, display = widget_modules("attention_viewer")
-    import matplotlib.pyplot as plt
+    widgets = widget_modules("attention_viewer")
 
     from ..plot import plot_attention_grid
 
@@ -431,7 +430,7 @@ def attention_viewer(view: ViewerData):
     box = widgets.VBox([widgets.HBox([number, kind, remove]), text, out])
     box.state = {}
 
-    def redraw(*_):
+    def draw():
         if number.value not in by_number:
             return  # still typing
         n, k, j = by_number[number.value], kind.value, remove.value
@@ -456,22 +455,17 @@ def attention_viewer(view: ViewerData):
             2: (view.out_tokens[n], view.src_tokens[n]),
         }[k]
         maps = [view.weights[n][layer_name(k, layer)] for layer in range(view.num_layers)]
-        with out:
-            out.clear_output(wait=True)
-            fig = plot_attention_grid(
-                maps,
-                rows,
-                cols,
-                title=f"{KINDS[k].name}: {view.english[n]}",
-                xlabel=KINDS[k].keys,
-                ylabel=KINDS[k].queries,
-                vmin=0.0,
-                vmax=1.0,
-            )
-            display(fig)
-            plt.close(fig)
+        fig = plot_attention_grid(
+            maps,
+            rows,
+            cols,
+            title=f"{KINDS[k].name}: {view.english[n]}",
+            xlabel=KINDS[k].keys,
+            ylabel=KINDS[k].queries,
+            vmin=0.0,
+            vmax=1.0,
+        )
+        return fig
 
-    for w in (number, kind, remove):
-        w.observe(redraw, names="value")
-    redraw()
+    redraw_on((number, kind, remove), out, draw)
     return box
