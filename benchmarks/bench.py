@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> None:
                     ]
                 )
         _print_table(
-            "(a) multi-head self-attention, forward + backward (ms); goal: ratio <= 1.0",
+            "(a) multi-head self-attention, forward + backward (ms); goal: ratio <= 0.9",
             ["(batch, L, d_model, heads)", "dtype", "mhbook", "nn.MHA", "mhbook/nn.MHA"],
             rows,
             ["same weights, train mode, dropout 0, need_weights=False, grads of input and weights"],

@@ -1,6 +1,6 @@
 """nanoGPT's ``shakespeare_char`` CPU quick-start with the book's modern block.
 
-    python -m benchmarks.shakespeare_char [--threads N] [--steps 2000] [--gpt]
+    python -m benchmarks.shakespeare_char [--threads N] [--steps 2000] [--gpt] [--profile]
 
 Trains :data:`mhbook.SHAKESPEARE_MODEL` (4 layers, 4 query heads and 2 key/value heads,
 ``d_model`` 128, RMSNorm, SwiGLU, RoPE, no biases) on Tiny Shakespeare's characters at
@@ -15,7 +15,8 @@ Before training, it times steps of the modern block against a plain GPT of the s
 positions added to the embeddings: ``mhbook.ModelConfig``'s 2017 choices in pre-norm form),
 alternating the two round after round so that the machine's noise hits both, and prints
 the ratio of their step times. ``--gpt`` also trains the GPT for the same steps, to compare
-the losses the two blocks reach.
+the losses the two blocks reach; ``--profile`` prints where each one's step spends its time
+(the PyTorch ops with the most time of their own); ``--steps 0`` trains neither.
 
 A benchmark, not a test: timings depend on the machine. Its goal (issue 23): a validation
 loss at or below 1.88, at a step at least as fast as the plain GPT's.
@@ -72,6 +73,29 @@ def step_times(configs: dict, data, rounds: int, steps: int) -> dict[str, float]
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def profile_steps(configs: dict, data, steps: int = 10, rows: int = 8) -> None:
+    """Where a training step's time goes: the ``rows`` PyTorch ops with the most CPU time of
+    their own over ``steps`` steps of each config (after one warm-up step), with their share."""
+    from torch.profiler import profile
+
+    for name, config in configs.items():
+        set_seed(0)
+        model = DecoderOnlyLM(config, vocab_size=65).train()
+        optimizer = make_optimizer(model, SHAKESPEARE_TRAIN)
+        scheduler = make_scheduler(optimizer, SHAKESPEARE_TRAIN)
+        batches = data.batches("train", SHAKESPEARE_TRAIN.batch_size)
+        train_step(model, next(batches), lm_loss, optimizer, scheduler, 1.0)
+        with profile() as prof:
+            for _ in range(steps):
+                train_step(model, next(batches), lm_loss, optimizer, scheduler, 1.0)
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in events)
+        print(f"profile, {name}: {total / steps / 1000:.1f} ms of ops per step; the largest:")
+        for e in events[:rows]:
+            share = e.self_cpu_time_total / total
+            print(f"  {e.key:<48} {share:6.1%}  {e.count // steps:>4} calls per step")
+
+
 def train(config, data, num_steps: int, label: str) -> None:
     set_seed(SHAKESPEARE_TRAIN.seed)
     model = DecoderOnlyLM(config, vocab_size=65)
@@ -94,6 +118,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the step timing")
     parser.add_argument("--gpt", action="store_true", help="also train the plain GPT")
+    parser.add_argument("--profile", action="store_true", help="where a step's time goes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data = shakespeare_data()
@@ -109,6 +134,10 @@ def main() -> None:
     for name, seconds in times.items():
         print(f"step time, {name}: {seconds * 1000:.1f} ms")
     print(f"step time ratio gpt/modern: {times['gpt'] / times['modern']:.2f} (>= 1: modern faster)")
+    if args.profile:
+        profile_steps(configs, data)
+    if args.steps == 0:
+        return
     train(SHAKESPEARE_MODEL, data, args.steps, "modern")
     if args.gpt:
         train(GPT_MODEL, data, args.steps, "gpt")

@@ -531,12 +531,13 @@ class _Rotate(nn.Module):
     d = D_MODEL // NUM_HEADS  # the heads' size
 
     def forward(self, x, positions):
-        return self.rotate(x, *self.tables(positions))
+        return self.rotate(x, *self.tables(positions, x.dtype))
 
-    def tables(self, positions):  # what a model computes once per forward pass
+    def tables(self, positions, dtype):  # what a model computes once per forward pass
         inv_freq = 10000.0 ** (-torch.arange(0, self.d, 2, device=positions.device) / self.d)
         angles = positions.double()[:, None] * inv_freq  # (T, d/2)
-        return torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+        angles = torch.cat([angles, angles], -1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def rotate(self, x, cos, sin):
         x1, x2 = x[..., : self.d // 2], x[..., self.d // 2 :]

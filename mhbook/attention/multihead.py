@@ -315,8 +315,7 @@ class MultiHeadAttention(AttentionLayer):
         # 2. position: RoPE rotates q and k at the new tokens' positions
         positions = self._positions(query, positions, cache)  # (T,) or (B, T)
         if self.rope is not None:
-            cos, sin = self.rope.tables(positions) if rope_tables is None else rope_tables
-            cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # computed in float32
+            cos, sin = self.rope.tables(positions, q.dtype) if rope_tables is None else rope_tables
             q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
         # 3. cache: the kept keys and values, then the new ones (k_positions: ALiBi's)
         k_positions = positions

@@ -260,14 +260,18 @@ class RotaryEmbedding(nn.Module):
             dtype: of the tables (the queries' dtype); the angles are float32.
 
         Returns:
-            ``cos``, ``sin``: ``(T, d_head / 2)``, or ``(batch, 1, T, d_head / 2)``
-            (broadcast across the heads), times YaRN's attention factor.
+            ``cos``, ``sin``: ``(T, w)``, or ``(batch, 1, T, w)`` (broadcast across the
+            heads), times YaRN's attention factor; ``w = d_head`` in the rotate-half
+            layout (each angle twice, for features ``i`` and ``i + d_head / 2``, as Hugging
+            Face's tables are), ``d_head / 2`` in the interleaved one.
         """
         check_integers("positions", positions)
         theta, attention_factor = self.frequencies(positions.device)
         angles = positions.float()[..., None] * theta  # (T, d/2) or (B, T, d/2), float32
         if positions.dim() == 2:  # (batch, T, d/2) -> (batch, 1, T, d/2), across the heads
             angles = angles.unsqueeze(1)
+        if not self.interleaved:  # Llama's layout: each angle serves i and i + d/2
+            angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos(), angles.sin()
         if attention_factor != 1.0:  # YaRN's: scales q and k, so the scores by its square
             cos, sin = cos * attention_factor, sin * attention_factor
@@ -280,8 +284,7 @@ class RotaryEmbedding(nn.Module):
             a, b = pairs[..., 0], pairs[..., 1]
             return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
         # Llama: pairs (x_i, x_{i + d/2}), written as Hugging Face writes it,
-        # x * cos + rotate_half(x) * sin with cos and sin repeated over both halves.
-        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+        # x * cos + rotate_half(x) * sin, the tables repeated over both halves.
         return x * cos + _rotate_half(x) * sin
 
     def _check(self, x: torch.Tensor, positions: torch.Tensor) -> None:

@@ -120,7 +120,7 @@ class DecoderOnlyLM(Stack):
             at = positions
             if at is None:
                 at = torch.arange(past, past + length, device=x.device)
-            rope_tables = self.rope.tables(at)
+            rope_tables = self.rope.tables(at, x.dtype)
         layer_caches = [None] * len(self.blocks) if cache is None else cache.layers
         for block, layer_cache in zip(self.blocks, layer_caches):
             x = block(
