@@ -50,17 +50,21 @@ def parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def training_parts(config, data):
+    """``(model, optimizer, scheduler, batches)`` for timing steps of ``config``, seeded."""
+    set_seed(0)
+    model = DecoderOnlyLM(config, vocab_size=65).train()
+    optimizer = make_optimizer(model, SHAKESPEARE_TRAIN)
+    scheduler = make_scheduler(optimizer, SHAKESPEARE_TRAIN)
+    return model, optimizer, scheduler, data.batches("train", SHAKESPEARE_TRAIN.batch_size)
+
+
 def step_times(configs: dict, data, rounds: int, steps: int) -> dict[str, float]:
     """Median seconds per training step of each config, the configs alternating round by
     round (``steps`` steps each per round, after one warm-up round)."""
     runs = {}
     for name, config in configs.items():
-        set_seed(0)
-        model = DecoderOnlyLM(config, vocab_size=65).train()
-        optimizer = make_optimizer(model, SHAKESPEARE_TRAIN)
-        scheduler = make_scheduler(optimizer, SHAKESPEARE_TRAIN)
-        batches = data.batches("train", SHAKESPEARE_TRAIN.batch_size)
-        runs[name] = (model, optimizer, scheduler, batches)
+        runs[name] = training_parts(config, data)
     times: dict[str, list[float]] = {name: [] for name in configs}
     for r in range(rounds + 1):
         for name, (model, optimizer, scheduler, batches) in runs.items():
@@ -79,11 +83,7 @@ def profile_steps(configs: dict, data, steps: int = 10, rows: int = 8) -> None:
     from torch.profiler import profile
 
     for name, config in configs.items():
-        set_seed(0)
-        model = DecoderOnlyLM(config, vocab_size=65).train()
-        optimizer = make_optimizer(model, SHAKESPEARE_TRAIN)
-        scheduler = make_scheduler(optimizer, SHAKESPEARE_TRAIN)
-        batches = data.batches("train", SHAKESPEARE_TRAIN.batch_size)
+        model, optimizer, scheduler, batches = training_parts(config, data)
         train_step(model, next(batches), lm_loss, optimizer, scheduler, 1.0)
         with profile() as prof:
             for _ in range(steps):
