@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import matplotlib
 
@@ -504,3 +505,37 @@ def test_twins_without_ipywidgets_name_their_html_version(monkeypatch):
         ImportError, match=r"softmax_explorer needs ipywidgets.*softmax_explorer_html"
     ):
         widget_modules("softmax_explorer")
+
+
+def test_committed_chapter_outputs_hold_the_current_static_files():
+    """A chapter's explorers carry their JavaScript and CSS inline, so that they work in the
+    HTML book, in Jupyter, in Colab and on a notebook viewer alike. The price: an edit of a
+    file in ``static/`` leaves the committed outputs stale until the chapters that show it
+    are run again. Each file that an output shows must be shown as it is now."""
+    import nbformat
+
+    static = Path(svg.__file__).parent / "static"
+    files = {
+        p.name: p.read_text() for p in sorted(static.glob("*.js")) + sorted(static.glob("*.css"))
+    }
+    markers = {
+        name: next(line for line in text.splitlines() if line.strip())
+        for name, text in files.items()
+    }
+    stale = set()
+    shown = set()
+    for path in sorted((Path(__file__).parents[1] / "chapters").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            for output in cell.get("outputs", []):
+                page = output.get("data", {}).get("text/html", "")
+                page = "".join(page) if isinstance(page, list) else page
+                if 'class="mhbook-explorer"' not in page:
+                    continue
+                for name, text in files.items():
+                    if markers[name] in page:
+                        shown.add(name)
+                        pieces = re.split(r"/\* UID \*/|/\* CODE \*/", text)  # embed.js's holes
+                        if not all(piece in page for piece in pieces):
+                            stale.add(f"{path.name}: {name}")
+    assert {"live_core.js", "heatmap.js", "embed.js"} <= shown, shown
+    assert not stale, f"re-run these chapters, their outputs hold an old copy: {sorted(stale)}"
