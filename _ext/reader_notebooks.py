@@ -54,7 +54,9 @@ NOTE = (
     "> **Reading this outside the book.** This is the Colab/Jupyter copy of the chapter, made from "
     "the book's source by `_ext/reader_notebooks.py`. Numbers quoted in the text come from the "
     "book's recorded run of this notebook (on a CPU); when you run the cells, the outputs are "
-    "yours, and measured times or trained results may differ in their last digits. "
+    "yours, and measured times or trained results may differ in their last digits. On a GPU, "
+    "chapters that train train longer (more steps, larger batches), so their trained results "
+    "differ by more. "
     "Hints and solutions are folded: click to open them."
 )
 

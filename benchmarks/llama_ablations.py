@@ -1,7 +1,7 @@
 """What each change of the Llama block buys: one change at a time, several seeds, one harness.
 
     python -m benchmarks.llama_ablations [--steps 1000] [--seeds 0 1 2] [--workers 2]
-                                         [--out benchmarks/results/llama_ablations.json]
+                                         [--out mhbook/training/measured/llama_ablations.json]
 
 Trains Part V's model (:data:`mhbook.SHAKESPEARE_MODEL`: 4 layers, ``d_model`` 128, 4 query
 heads and 2 key/value heads, pre-norm RMSNorm, SwiGLU with ``d_ff`` 344, RoPE, no biases) and
@@ -22,8 +22,9 @@ same for every variant), for ``--steps`` steps, once per seed (the seed sets the
 the batches). It records the validation loss over every window of the last 10 % of the text in
 nats and bits per character, the parameters, and the training FLOPs per token
 (``6 N + 6 n_layers context d_model``, Kaplan et al.'s count with ``N`` the parameters outside
-the embeddings). The results file holds the command, commit, machine and date that made it;
-chapter 14 plots it.
+the embeddings). The results file, ``mhbook/training/measured/llama_ablations.json`` (package
+data, so that Colab has it too), holds the command, commit, machine and date that made it;
+chapter 14 plots it (``mhbook.load_measured("llama_ablations")``).
 
 A benchmark, not a test: it trains 21 models (about 45 s each on one thread of the 2-core
 machine at 1,000 steps). ``tests/test_llama_ablations.py`` runs it for two steps.
@@ -72,7 +73,7 @@ VARIANTS = {
     },
 }
 
-DEFAULT_OUT = Path(__file__).parent / "results" / "llama_ablations.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "mhbook/training/measured/llama_ablations.json"
 VOCAB = 65
 
 

@@ -38,3 +38,15 @@ def test_each_variant_changes_what_it_names():
     assert (gpt.norm, gpt.ffn, gpt.position, gpt.kv_heads, gpt.bias) == (
         "layer", "gelu", "sinusoidal", 4, True,
     )  # fmt: skip
+
+
+def test_the_committed_results_are_complete_and_say_where_they_come_from():
+    import mhbook
+
+    result = mhbook.load_measured("llama_ablations")
+    assert result["command"].startswith("python -m benchmarks.llama_ablations")
+    assert result["commit"] != "unknown" and result["machine"] and result["date"]
+    assert list(result["summary"]) == list(llama_ablations.VARIANTS)
+    assert all(row["seeds"] >= 3 for row in result["summary"].values())
+    with pytest.raises(FileNotFoundError, match="no measured results 'nope'.*llama_ablations"):
+        mhbook.load_measured("nope")
