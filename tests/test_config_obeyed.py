@@ -47,6 +47,10 @@ CHANGES = {
     "scale_embeddings": ({"scale_embeddings": False}, {}),
     "sinks": ({"sinks": 2}, {"window": 2, "position": "rope"}),
     "global_every": ({"global_every": 2}, {"window": 2}),
+    "global_rope_theta": (
+        {"global_rope_theta": 50.0},
+        {"window": 2, "global_every": 2, "position": "rope"},
+    ),
 }
 
 

@@ -132,3 +132,42 @@ def test_bad_input_is_refused_by_name():
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"global_every=2 .* needs one kind of attention"):
         mhbook.models.hf.hf_config(config, 20)
+
+
+# -- a RoPE base per layer type (Gemma 3) -------------------------------------------------
+def test_the_global_layers_get_their_own_rope_base():
+    lm = _lm(num_layers=4, window=4, global_every=2, global_rope_theta=1e6, position="rope")
+    bases = [block.self_attn.rope.rope_theta for block in lm.blocks]
+    assert bases == [10000.0, 1e6, 10000.0, 1e6]
+    assert lm.global_rope.rope_theta == 1e6 and lm.rope.rope_theta == 10000.0
+
+
+def test_the_model_hands_each_layer_the_tables_of_its_base():
+    """The model's forward (tables once per kind of layer) equals each layer computing its
+    own from its own RoPE; and a global base equal to rope_theta changes nothing."""
+    lm = _lm(num_layers=4, window=4, global_every=2, global_rope_theta=1e6, position="rope").eval()
+    tokens = _tokens(length=12)
+    with torch.no_grad():
+        x = lm.embed(tokens, "tokens")
+        for block in lm.blocks:  # rope_tables=None: the layer's own rope makes them
+            x = block(x, is_causal=True)
+        by_layer = lm.output(lm.norm(x))
+        torch.testing.assert_close(lm(tokens), by_layer, **EXACT)
+        plain = _lm(num_layers=4, window=4, global_every=2, position="rope").eval()
+        same = _lm(
+            num_layers=4, window=4, global_every=2, global_rope_theta=10000.0, position="rope"
+        ).eval()
+        torch.testing.assert_close(same(tokens), plain(tokens), **EXACT)
+        assert not torch.allclose(lm(tokens), plain(tokens))  # the base is obeyed
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [({"window": 4}, "needs global_every"),
+     ({"window": 4, "global_every": 2, "position": "alibi"}, "position='alibi'"),
+     ({"num_layers": 3, "window": 4, "global_every": 6}, "makes none"),
+     ({"window": 4, "global_every": 2, "global_rope_theta": 0.5}, "global_rope_theta")],
+)  # fmt: skip
+def test_a_global_rope_base_without_global_rope_layers_is_refused(changes, named):
+    with pytest.raises(ValueError, match=named):
+        ModelConfig(**{"position": "rope", "global_rope_theta": 1e6, **changes})

@@ -157,6 +157,11 @@ class ModelConfig(_Replace):
             ``(i + 1) % global_every == 0`` and to the window otherwise (2: Gemma 2's
             alternation; 6: Gemma 3's five local layers to one global); ``None`` = the
             window in every layer. See :attr:`layer_windows`.
+        global_rope_theta: with ``global_every`` and ``position="rope"``, the RoPE base of
+            the global layers, whose keys are far away (Gemma 3: 1,000,000, its local layers
+            keeping 10,000; Hugging Face's ``Gemma3Config`` calls the two ``rope_theta`` and
+            ``rope_local_base_freq``); ``None``: ``rope_theta`` in every layer. Not built
+            with ``d_latent``.
         d_latent: size of the key/value latent of multi-head latent attention;
             ``None`` = no latent. At most ``d_model``.
         head_dim: the size of one head, independent of ``num_heads`` (Bhojanapalli et
@@ -189,6 +194,7 @@ class ModelConfig(_Replace):
     attention_dropout: float = 0.0
     sinks: int = 0
     global_every: int | None = None
+    global_rope_theta: float | None = None
 
     def __post_init__(self) -> None:
         me = "ModelConfig"
@@ -224,6 +230,23 @@ class ModelConfig(_Replace):
                 f"ModelConfig.global_every={self.global_every} needs a sliding window: set "
                 "window (it says which layers keep their window)"
             )
+        if self.global_rope_theta is not None:
+            check_number(
+                f"{me}.global_rope_theta", self.global_rope_theta, 1.0, low_inclusive=False
+            )
+            if self.global_every is None or self.position != "rope" or self.d_latent is not None:
+                raise ValueError(
+                    f"ModelConfig.global_rope_theta={self.global_rope_theta} is the RoPE base of "
+                    "the global layers: it needs global_every and position='rope', without "
+                    f"d_latent; got global_every={self.global_every}, "
+                    f"position={self.position!r}, d_latent={self.d_latent}"
+                )
+            if None not in self.layer_windows:
+                raise ValueError(
+                    f"ModelConfig.global_rope_theta={self.global_rope_theta} is the RoPE base of "
+                    f"the global layers, but global_every={self.global_every} with "
+                    f"num_layers={self.num_layers} makes none: every layer keeps its window"
+                )
         if self.position == "rope" and self.d_head % 2 != 0:
             raise ValueError(
                 f"ModelConfig.position='rope' needs an even head size (RoPE rotates pairs), "
@@ -279,6 +302,13 @@ class ModelConfig(_Replace):
             None if every is not None and (i + 1) % every == 0 else self.window
             for i in range(self.num_layers)
         )
+
+    def layer_rope_theta(self, layer: int) -> float:
+        """The RoPE base of layer ``layer`` (0-based): ``global_rope_theta`` in the global
+        layers of ``global_every`` when it is set, else ``rope_theta``."""
+        if self.global_rope_theta is not None and self.layer_windows[layer] is None:
+            return self.global_rope_theta
+        return self.rope_theta
 
     @property
     def kv_heads(self) -> int:

@@ -50,7 +50,7 @@ def make_attention(
       :attr:`ModelConfig.d_rope` features when ``config.position == "rope"``;
     * otherwise :class:`~mhbook.MultiHeadAttention` with ``config.kv_heads`` key/value
       heads (``num_heads`` of them: multi-head attention; 1: multi-query attention),
-      with a :class:`mhbook.RotaryEmbedding` of base ``config.rope_theta`` (scaled by
+      with a :class:`mhbook.RotaryEmbedding` of base ``config.layer_rope_theta(layer)`` (scaled by
       ``config.rope_scaling``) when ``config.position == "rope"`` and an
       :class:`mhbook.ALiBi` when it is ``"alibi"`` (in self-attention only:
       cross-attention has no shared positions, and never a latent).
@@ -111,7 +111,7 @@ def make_attention(
         )
     extra: dict[str, nn.Module] = {}
     if not cross and config.position == "rope":
-        extra["rope"] = make_rope(config)
+        extra["rope"] = make_rope(config, layer)
     elif not cross and config.position == "alibi":
         from ..attention.alibi import ALiBi
 
@@ -128,12 +128,14 @@ def make_attention(
     )
 
 
-def make_rope(config: ModelConfig):
-    """The :class:`mhbook.RotaryEmbedding` of ``config`` (``position="rope"``): heads of
-    ``config.d_head``, base ``config.rope_theta``, scaled by ``config.rope_scaling``."""
+def make_rope(config: ModelConfig, layer: int | None = None):
+    """The :class:`mhbook.RotaryEmbedding` of ``config`` (``position="rope"``) for layer
+    ``layer``: heads of ``config.d_head``, base ``config.layer_rope_theta(layer)``
+    (``config.rope_theta`` for ``layer=None``), scaled by ``config.rope_scaling``."""
     from ..attention.rope import RotaryEmbedding
 
-    return RotaryEmbedding(config.d_head, config.rope_theta, scaling=config.rope_scaling)
+    theta = config.rope_theta if layer is None else config.layer_rope_theta(layer)
+    return RotaryEmbedding(config.d_head, theta, scaling=config.rope_scaling)
 
 
 def _make_ffn(config: ModelConfig) -> nn.Module | None:

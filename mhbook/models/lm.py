@@ -61,6 +61,11 @@ class DecoderOnlyLM(Stack):
         # (Hugging Face's ``rotary_emb``); the layers' own ``rope`` rotates with them.
         rope = config.position == "rope" and config.d_latent is None and not config.sinks
         self.rope = make_rope(config) if rope else None
+        # Gemma 3's RoPE per layer type: the global layers' tables, from their own base
+        self.global_rope = None
+        if rope and config.global_rope_theta is not None:
+            first_global = config.layer_windows.index(None)
+            self.global_rope = make_rope(config, first_global)
 
     def forward(
         self,
@@ -121,15 +126,18 @@ class DecoderOnlyLM(Stack):
             if at is None:
                 at = torch.arange(past, past + length, device=x.device)
             rope_tables = self.rope.tables(at, x.dtype)
+            if self.global_rope is not None:
+                global_tables = self.global_rope.tables(at, x.dtype)
         layer_caches = [None] * len(self.blocks) if cache is None else cache.layers
         for block, layer_cache in zip(self.blocks, layer_caches):
+            is_global = self.global_rope is not None and block.self_attn.window is None
             x = block(
                 x,
                 padding,
                 layer_cache,
                 is_causal=True,
                 positions=positions,
-                rope_tables=rope_tables,
+                rope_tables=global_tables if is_global else rope_tables,
             )
         self._count_without_blocks(cache, length)
         return self.output(self.norm(x))
