@@ -57,7 +57,8 @@ def test_the_circuits_equal_a_second_implementation(layer, head):
     np.testing.assert_allclose(
         circuits.head_ov(model, layer, head).detach().double(), ov, atol=1e-6
     )
-    full = (w["output.weight"] * w["norm.weight"]) @ ov @ w["embedding.weight"].T
+    unembed = w["output.weight"] * w["norm.weight"]
+    full = (unembed - unembed.mean(0)) @ ov @ w["embedding.weight"].T
     ours = circuits.full_ov_circuit(model, layer, head)
     np.testing.assert_allclose(ours.detach().double(), full, atol=1e-6)
     eig = np.linalg.eigvals(full)

@@ -12,7 +12,8 @@ wrote. A head reads it through two matrices of ``d_model x d_model``:
 Pre-norm RMSNorm scales ``x`` by ``g / rms(x)`` before the head reads it: the gain ``g`` is
 folded into the matrices, the positive scalar ``1 / rms(x)`` is left out (it changes no sign
 and no ratio between two heads' scores). With the embedding ``E`` and the unembedding
-``W_U`` (the final norm's gain folded in), ``W_U OV E^T`` is the head's **full OV circuit**:
+``W_U`` (the final norm's gain folded in, centred across the vocabulary),
+``W_U OV E^T`` is the head's **full OV circuit**:
 entry ``(a, b)`` is how much attending to token ``b`` raises the logit of token ``a``. A head
 that copies raises the logit of the token it attends to: its full OV circuit has mostly
 positive eigenvalues, which :func:`copying_score` measures. :func:`composition_score` says
@@ -76,9 +77,13 @@ def head_ov(model: DecoderOnlyLM, layer: int, head: int) -> torch.Tensor:
 
 def full_ov_circuit(model: DecoderOnlyLM, layer: int, head: int) -> torch.Tensor:
     """``(vocab, vocab)``: ``W_U diag(g_final) OV E^T``; entry ``(a, b)`` is how much attending
-    to the embedding of token ``b`` raises the logit of token ``a`` (the direct path only)."""
+    to the embedding of token ``b`` raises the logit of token ``a`` (the direct path only),
+    relative to the mean logit: ``W_U``'s rows are centred across the vocabulary, as
+    TransformerLens centres its unembedding, since a constant added to every logit changes no
+    probability."""
     ov = head_ov(model, layer, head)
     W_U = model.output.weight * model.norm.weight  # (vocab, d_model)
+    W_U = W_U - W_U.mean(dim=0)  # a constant added to every logit changes nothing
     return W_U @ ov @ model.embedding.weight.T
 
 
