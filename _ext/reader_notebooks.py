@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import re
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ import nbformat
 import yaml
 from myst_nb.core.variables import format_plain_text
 from myst_nb.ext.glue import extract_glue_data_cell
+from pybtex.backends.plaintext import Backend as PlainText
 from pybtex.database import parse_file
 from pybtex.richtext import Text
 
@@ -71,14 +73,18 @@ def repository() -> tuple[str, str]:
     return config["repository"]["url"].rstrip("/"), config["repository"].get("branch", "main")
 
 
+PLAIN_TEXT = PlainText()  # render(...) with it skips render_as's plugin lookup, slow per call
+
+
 def authors(entry) -> str:
     """The book's one rule for naming a reference's authors: "Vaswani et al." (three or
     more), "Bahdanau and Cho" (two), the name (one), else the entry's key."""
     people = entry.persons.get("author") or entry.persons.get("editor") or []
-    names = [Text.from_latex(" ".join(p.last_names)).render_as("text") for p in people]
+    names = [Text.from_latex(" ".join(p.last_names)).render(PLAIN_TEXT) for p in people]
     return f"{names[0]} et al." if len(names) > 2 else " and ".join(names) or entry.key
 
 
+@functools.cache
 def citations() -> dict[str, tuple[str, str | None]]:
     """``key -> ("Vaswani et al., 2017", url or None)`` for every entry of ``references.bib``."""
     return {

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -55,7 +56,7 @@ from mhbook.training.shakespeare_lm import (
     SHAKESPEARE_TRAIN,
     shakespeare_data,
 )
-from mhbook.training.trainer import fit, valid_loss
+from mhbook.training.trainer import cpu_threads, fit, valid_loss
 
 from .shakespeare_char import GPT_MODEL
 
@@ -87,10 +88,20 @@ def train_flops_per_token(model: DecoderOnlyLM, context: int) -> int:
     return 6 * n + 6 * config.num_layers * context * config.d_model
 
 
+@functools.cache
+def _data():
+    return shakespeare_data()
+
+
 def run(name: str, seed: int, steps: int) -> dict:
-    """Train variant ``name`` with ``seed`` for ``steps`` steps; its validation loss."""
-    torch.set_num_threads(1)
-    data = shakespeare_data()
+    """Train variant ``name`` with ``seed`` for ``steps`` steps, on one thread; its validation
+    loss."""
+    with cpu_threads(1):  # the caller's thread count is restored after
+        return _run(name, seed, steps)
+
+
+def _run(name: str, seed: int, steps: int) -> dict:
+    data = _data()
     config = SHAKESPEARE_MODEL.replace(**VARIANTS[name])
     settings = SHAKESPEARE_TRAIN.replace(num_steps=steps, eval_every=0, seed=seed)
     set_seed(seed)
@@ -166,8 +177,11 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     jobs = [(name, seed, args.steps) for name in args.variants for seed in args.seeds]
-    with ProcessPoolExecutor(args.workers) as pool:
-        runs = list(pool.map(run, *zip(*jobs)))
+    if args.workers == 1:  # in this process: no start-up cost, the corpus encoded once
+        runs = [run(*job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(args.workers) as pool:
+            runs = list(pool.map(run, *zip(*jobs)))
     table = summary(runs)
     result = {
         "command": "python -m benchmarks.llama_ablations " + " ".join(argv or sys.argv[1:]),
