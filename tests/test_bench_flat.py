@@ -1,6 +1,7 @@
 """The benchmark's two extra models (benchmarks/bench_flat.py) are what table (e) says they are:
 the flat model is mhbook's Transformer to the last bit, in training too, and the wrapped
-torch.nn.Transformer masks the source's padding as mhbook does."""
+torch.nn.Transformer masks the source's padding as mhbook does; table (a)'s floor
+(benchmarks.bench.kernels_only_attention) is mhbook's attention layer written out."""
 
 from __future__ import annotations
 
@@ -85,3 +86,19 @@ def test_torch_transformer_ignores_the_sources_padding():
         assert logits.shape == (8, 10, 50)
         torch.testing.assert_close(model(other_src, b.tgt_in, b.src_valid_lens), logits)
         assert not torch.allclose(model(b.src, b.tgt_in, b.src_valid_lens.clamp(max=4)), logits)
+
+
+def test_kernels_only_attention_is_the_layers_forward_and_backward():
+    """Table (a)'s floor computes what mhbook's layer computes, gradients included: it
+    differs only in what runs around the same PyTorch calls."""
+    from benchmarks.bench import kernels_only_attention
+
+    torch.manual_seed(0)
+    layer = mhbook.MultiHeadAttention(32, 4)
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    ours = layer(x)[0]
+    (grad_ours,) = torch.autograd.grad(ours.square().sum(), x)
+    floor = kernels_only_attention(layer, x)
+    (grad_floor,) = torch.autograd.grad(floor.square().sum(), x)
+    torch.testing.assert_close(floor, ours, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grad_floor, grad_ours, rtol=0, atol=1e-5)
