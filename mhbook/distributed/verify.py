@@ -59,9 +59,8 @@ def check_tensor_parallel(
 ) -> dict:
     """Compare tensor-parallel attention with the single-process layer, in one rank.
 
-    Run it in every rank with ``mhbook.distributed.launch.run(check_tensor_parallel, ...)``. Each
-    rank
-    builds the same ``MultiHeadAttention``, inputs and output gradient from ``seed``, runs
+    Run it in every rank with ``mhbook.distributed.launch.run(check_tensor_parallel, ...)``.
+    Each rank builds the same ``MultiHeadAttention``, inputs and output gradient from ``seed``, runs
     the single-process layer, then its share of the tensor-parallel one (``api="by hand"``:
     :class:`TensorParallelMultiHeadAttention`; ``api="dtensor"``: :func:`parallelize_heads`),
     and compares the outputs, the gradients of the inputs and the gathered gradients of every
@@ -171,11 +170,11 @@ def check_context_parallel(
 ) -> dict:
     """Compare context-parallel causal self-attention with the single-process layer.
 
-    Run it in every rank with ``mhbook.distributed.launch.run(check_context_parallel, method,
-    ...)``.
-    Every rank builds the same ``MultiHeadAttention`` and input from ``seed``, runs the
-    single-process layer on the whole sequence, then the layer on its own ``length / p``
-    tokens with ``method`` (``"ulysses"`` or ``"ring"``) in place of attention.
+    Run it in every rank with
+    ``mhbook.distributed.launch.run(check_context_parallel, method, ...)``. Every rank builds
+    the same ``MultiHeadAttention`` and input from ``seed``, runs the single-process layer on
+    the whole sequence, then the layer on its own ``length / p`` tokens with ``method``
+    (``"ulysses"`` or ``"ring"``) in place of attention.
 
     Returns:
         ``{"rank", "backend", "method", "tokens", "max_diff", "sent"}``: ``tokens`` the
