@@ -71,3 +71,14 @@ def test_bad_sample_arguments_are_refused_by_name():
     for kwargs, name in [(dict(n=0), "n"), (dict(n=2, period=0), "period")]:
         with pytest.raises(ValueError, match=name):
             task.sample(**kwargs)
+
+
+def test_bad_batch_arguments_are_refused_by_name():
+    task = RepeatedRandom(vocab_size=10)
+    for kwargs, name in [
+        (dict(split="validation"), "split"),
+        (dict(shuffle="yes"), "shuffle"),
+        (dict(batch_size=0), "batch_size"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            next(task.batches(**kwargs))

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 import torch
 
-from ..core.validate import check_int
+from ..core.validate import check_bool, check_int
+from .splits import check_split
 
 __all__ = ["RepeatedRandom"]
 
@@ -85,6 +86,8 @@ class RepeatedRandom:
         """Endless ``(x, y)`` batches of ``(batch_size, length)`` ids on ``device``, ``y``
         one token after ``x``. Every split draws fresh sequences (``split`` and ``shuffle``
         are :func:`mhbook.fit`'s protocol; a random task has nothing to split or shuffle)."""
+        check_split(split)
+        check_bool("shuffle", shuffle)
         check_int("batch_size", batch_size)
         while True:
             sequences = self.sample(batch_size, generator, length=self.length + 1)
