@@ -2,7 +2,9 @@
 package (``measured/*.json``) so that the chapters plot them in the book, in Jupyter and in
 Colab alike. Each file holds the command, commit, machine and date that made it.
 
-``benchmarks/llama_ablations.py`` writes ``llama_ablations.json`` (chapter 14).
+``benchmarks/llama_ablations.py`` writes ``llama_ablations.json`` (chapter 14),
+``benchmarks/induction_from_text.py`` ``induction_from_text.json`` (chapter 15) and
+``benchmarks/long_context.py`` ``long_context.json`` (chapter 16).
 """
 
 from __future__ import annotations
