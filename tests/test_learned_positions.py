@@ -186,3 +186,16 @@ def test_the_table_learns():
     assert grad[: tokens.size(1)].abs().sum() > 0 and torch.equal(
         grad[tokens.size(1) :], torch.zeros_like(grad[tokens.size(1) :])
     )
+
+
+def test_the_transformer_decodes_with_its_cache_as_in_one_pass():
+    """The encoder-decoder's decoder reads its table from the cache's length too."""
+    torch.manual_seed(0)
+    model = Transformer(GPT.replace(tie_embeddings=False), VOCAB, VOCAB).double().eval()
+    src = _tokens(length=TABLE)
+    lens = torch.tensor([TABLE, 7])
+    with torch.no_grad():
+        assert torch.equal(
+            model.generate(src, lens, 8, bos_id=1, eos_id=2),
+            model.generate(src, lens, 8, bos_id=1, eos_id=2, use_cache=False),
+        )

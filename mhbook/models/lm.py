@@ -11,11 +11,11 @@ and the model generates the completion one token at a time after the prompt, kee
 the keys and values of the tokens so far in a KV cache.
 
 What the attention is (multi-head, grouped-query, latent) and how it knows positions
-(sinusoidal at the embedding, RoPE or ALiBi inside attention, none) come from the
-:class:`~mhbook.ModelConfig`; see :func:`mhbook.make_attention`. ``config.window`` makes every
-layer attend to the last ``window`` tokens only, with a rolling KV cache; ``config.sinks``
-adds the first tokens to every window (StreamingLLM), and ``config.global_every`` keeps
-every ``global_every``-th layer global (Gemma 2 and 3).
+(sinusoidal or a learned table at the embedding, RoPE or ALiBi inside attention, none) come
+from the :class:`~mhbook.ModelConfig`; see :func:`mhbook.make_attention`. ``config.window``
+makes every layer attend to the last ``window`` tokens only, with a rolling KV cache;
+``config.sinks`` adds the first tokens to every window (StreamingLLM), and
+``config.global_every`` keeps every ``global_every``-th layer global (Gemma 2 and 3).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ class DecoderOnlyLM(Stack):
 
     Every field of the config is obeyed. With the defaults this is chapter 9's model:
     embeddings scaled by ``sqrt(d_model)``, chapter 5's sinusoidal encoding added to them,
-    post-norm LayerNorm, ReLU, biases. ``"rope"`` and
-    ``"alibi"`` act inside attention, ``"none"`` gives no position at all (the causal mask
-    alone). With ``config.norm_first`` a final norm precedes the output layer. A
-    Llama-shaped config (see :class:`~mhbook.ModelConfig`) gives a model that
+    post-norm LayerNorm, ReLU, biases. ``"learned"`` adds a trained table of positions
+    instead (GPT-2's); ``"rope"`` and ``"alibi"`` act inside attention, ``"none"`` gives no
+    position at all (the causal mask alone). With ``config.norm_first`` a final norm precedes
+    the output layer. A Llama-shaped config (see :class:`~mhbook.ModelConfig`) gives a model that
     :func:`~mhbook.models.hf.lm_to_hf` turns into a ``transformers.LlamaForCausalLM``.
 
     Args:
