@@ -60,13 +60,18 @@ def _rope_cases() -> list[Case]:
             (seeded(1, 2, 4, 8, seed=125, dtype=torch.float16), torch.arange(10, 14)),
             dims={"output": HEADS},
         ),
+        Case(
+            "float16, positions 1998..2003 (far into a long context), d = 8",
+            (seeded(1, 2, 6, 8, seed=126, dtype=torch.float16), torch.arange(1998, 2004)),
+            dims={"output": HEADS},
+        ),
     ]
 
 
-def _angles(x, positions, base, exponent=2.0, sign=-1.0):
+def _angles(x, positions, base, exponent=2.0, sign=-1.0, dtype=torch.float64):
     d = x.size(-1)
-    theta = base ** (sign * exponent * torch.arange(d // 2, dtype=torch.float64) / d)
-    return positions.to(torch.float64)[:, None] * theta  # (T, d/2)
+    theta = base ** (sign * exponent * torch.arange(d // 2, dtype=dtype) / d)
+    return positions.to(dtype)[:, None] * theta  # (T, d/2)
 
 
 def _rope_expected(case: Case) -> torch.Tensor:
@@ -105,11 +110,14 @@ def _rotate(x, cos, sin, layout, sin_sign=1.0):
     return out.to(x.dtype)
 
 
-def _rope_impl(layout, *, own_positions=True, exponent=2.0, sign=-1.0, sin_sign=1.0):
+def _rope_impl(
+    layout, *, own_positions=True, exponent=2.0, sign=-1.0, sin_sign=1.0, low_precision=False
+):
     def impl(x, positions, base=10000.0):
         if not own_positions:
             positions = torch.arange(x.size(-2))
-        angle = _angles(x, positions, base, exponent, sign)
+        dtype = x.dtype if low_precision else torch.float64
+        angle = _angles(x, positions, base, exponent, sign, dtype)
         return _rotate(x, angle.cos(), angle.sin(), layout, sin_sign)
 
     return impl
@@ -166,6 +174,15 @@ def _rope_bugs(layout: str) -> list[Bug]:
             _rope_impl(layout, sin_sign=-1.0),
         ),
     ]
+    bugs.append(
+        Bug(
+            "the angles computed in x's dtype: in float16, m * theta_i is off by up to a tenth "
+            "of a radian at position 2,000",
+            "compute theta and the angles in float32 at least (positions.float()[:, None] * "
+            "theta), and cast only cos and sin to x's dtype, as transformers does.",
+            _rope_impl(layout, low_precision=True),
+        )
+    )
     if layout == "half":
         bugs.append(
             Bug(
@@ -185,6 +202,8 @@ def _rope_bugs(layout: str) -> list[Bug]:
     reference=_rope_reference,
     params=("x", "positions"),
     bugs=_rope_bugs("interleaved"),
+    why="Angles computed in float32, as transformers computes them, stay inside at the "
+    "cases' positions (up to 2,003).",
     chapter="11-position-inside-attention",
 )
 def rope(impl):
@@ -206,6 +225,8 @@ def rope(impl):
     reference=_half_reference,
     params=("x", "positions"),
     bugs=_rope_bugs("half"),
+    why="Angles computed in float32, as transformers computes them, stay inside at the "
+    "cases' positions (up to 2,003).",
     chapter="11-position-inside-attention",
 )
 def rope_rotate_half(impl):
@@ -283,6 +304,7 @@ def _slopes_consecutive(num_heads):
     reference=_slopes_reference,
     call=_call_slopes,
     params=("num_heads",),
+    why="Slopes computed in float32 or float64 (a list of Python floats) both pass.",
     bugs=[
         Bug(
             "the slopes are in the wrong order (head 0 gets the smallest)",
