@@ -207,7 +207,8 @@ def _attention_cases() -> list[Case]:
             dims={"output": ("batch", "query", "feature"), "weights": ("batch", *qk)},
         ),
         Case(
-            "float16 with large scores (around 100; exp overflows unless the softmax is stable)",
+            "float16 with large scores (up to about 30; exp overflows float16 above 11 unless the "
+            "softmax is stable)",
             (
                 seeded(2, 4, 16, seed=22, scale=3.0, dtype=torch.float16),
                 seeded(2, 6, 16, seed=23, scale=3.0, dtype=torch.float16),
@@ -333,8 +334,11 @@ def _call_attention(impl, case: Case):
     reference=_attention_reference,
     optional=("weights",),
     params=("q", "k", "v"),
+    tolerances={torch.float16: (2e-2, 5e-3)},
     why="Float32 arithmetic inside is fine for float64 inputs: Hugging Face's eager attention "
-    "takes the softmax in float32.",
+    "takes the softmax in float32. For float16 inputs it multiplies q and k in float16: the "
+    "float16 case's scores, up to about 30, are then off by up to 0.007, and so are the "
+    "weights, relatively: hence float16's wider tolerance.",
     bugs=[
         Bug(
             "the scores are not scaled",

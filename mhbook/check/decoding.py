@@ -393,8 +393,11 @@ def _kv_chunk_only(q, k, v, cache):
             _kv_chunk_only,
         ),
     ],
+    tolerances={torch.float16: (2e-2, 5e-3)},
     why="Float32 arithmetic inside is fine for float64 inputs (Hugging Face's eager "
-    "attention takes the softmax in float32).",
+    "attention takes the softmax in float32). For float16 inputs it multiplies q and k in "
+    "float16: the float16 case's scores, up to about 11, are then off by up to 0.006, and so "
+    "are the weights, relatively: hence float16's wider tolerance.",
     chapter="08-efficient-attention",
 )
 def kv_cache(impl):

@@ -91,7 +91,7 @@ TIME_LIMIT = 30.0
 #: tolerance, plus this share of how far the bug's own outputs are from the expected ones on
 #: that case. Code that makes a bug while computing in another precision (RoPE's angles in
 #: float32, far from 0) is then still named; two bugs far apart are never confused.
-NAMING_SLACK = 0.05
+NAMING_SLACK = 0.01
 
 
 def seeded(*shape, seed: int, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
@@ -180,7 +180,9 @@ class Check:
     def prepared(self) -> list[tuple[Case, dict]]:
         """The cases with their expected outputs, built once (on first use)."""
         if self._prepared is None:
-            self._prepared = [(c, self._named(self.expected(c.fresh()))) for c in self.cases()]
+            with torch.no_grad():
+                cases = self.cases()
+                self._prepared = [(c, self._named(self.expected(c.fresh()))) for c in cases]
         return self._prepared
 
     def run_impl(self, impl, case: Case) -> dict:
@@ -711,8 +713,8 @@ def _keywords(impl, check: Check) -> set[str] | None:
 
 def _stub_message(check: Check, name: str) -> str:
     return (
-        f"{name} returned nothing: its body is still `...`. Write it to keep this contract, "
-        f"then run the check again.\n{_indent(check.contract.strip(), '  ')}"
+        f"{name} has no body yet (only `...`, `pass` or `raise NotImplementedError`). Write it "
+        f"to keep this contract, then run the check again.\n{_indent(check.contract.strip(), '  ')}"
     )
 
 
@@ -805,7 +807,7 @@ def _side_by_side(key: str, expected: torch.Tensor, got: torch.Tensor, i: tuple)
             e, g, at = e[row], g[row], f"{at}[{row}]" if head else f"{key}[{row}]"
     lines = [f"expected {at}:", _indent(_fmt(e), "  "), "got:", _indent(_fmt(g), "  ")]
     if e.is_floating_point():
-        diff = g.double() - e.double()
+        diff = (g.double() - e.double()).to(e.dtype)
         lines += ["got - expected:", _indent(_fmt(diff, precision=1, sci_mode=True), "  ")]
     return "\n".join(lines)
 

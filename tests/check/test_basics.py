@@ -140,12 +140,13 @@ def padding_mask_sequence(valid_lens, num_keys):
 
 @by_transformers
 def padding_mask_transformers(valid_lens, num_keys):
-    """transformers' ``_prepare_4d_attention_mask`` of the 0/1 attention mask (0 where a key
-    may be seen)."""
-    from transformers.modeling_attn_mask_utils import _prepare_4d_attention_mask
+    """transformers' own ``padding_mask_function`` of the 2-D attention mask, evaluated for
+    every sentence and key."""
+    from transformers.masking_utils import padding_mask_function
 
-    attention_mask = (torch.arange(num_keys) < valid_lens[:, None]).long()
-    return _prepare_4d_attention_mask(attention_mask, torch.float32, tgt_len=1) == 0
+    attention_mask = torch.arange(num_keys) < valid_lens[:, None]
+    batch, keys = torch.arange(len(valid_lens))[:, None], torch.arange(num_keys)[None, :]
+    return padding_mask_function(attention_mask)(batch, 0, 0, keys)[:, None, None, :]
 
 
 def causal_mask_compare(num_queries, num_keys):

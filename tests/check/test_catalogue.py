@@ -26,7 +26,7 @@ from grading import (
 from mhbook import check
 from mhbook.check.grader import compare
 
-pytestmark = pytest.mark.slow(seconds=40)
+pytestmark = pytest.mark.slow(seconds=60)
 
 NAMES = sorted(check.CHECKS)
 
