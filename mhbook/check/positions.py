@@ -1,9 +1,8 @@
 """Checks of chapter 11: position inside attention, RoPE in both layouts and ALiBi.
 
-The references are Hugging Face ``transformers``' ``apply_rotary_pos_emb`` (Llama's
-rotate-half layout), ``RotaryEmbedding(interleaved=True)`` (the paper's pairs; no
-library we use ships that layout), ``mhbook.alibi_slopes`` (the paper's code, written out)
-and ``mhbook.ALiBi``.
+The references are Hugging Face ``transformers``' ``apply_rotary_pos_emb`` of Llama (the
+rotate-half layout) and of GPT-J (the paper's interleaved pairs), ``mhbook.alibi_slopes``
+(the paper's code, written out) and ``mhbook.ALiBi``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import torch
 
 from ..attention.alibi import ALiBi
 from ..attention.alibi import alibi_slopes as book_alibi_slopes
-from ..attention.rope import RotaryEmbedding
 from .grader import Bug, Case, define, seeded
 
 __all__ = ["rope", "rope_rotate_half", "alibi_slopes", "alibi_bias"]
@@ -75,9 +73,15 @@ def _angles(x, positions, base, exponent=2.0, sign=-1.0, dtype=torch.float64):
 
 
 def _rope_expected(case: Case) -> torch.Tensor:
+    """``transformers``' GPT-J ``apply_rotary_pos_emb`` (its ``rotate_every_two`` pairs
+    neighbours), with the angles' sin and cos computed in float64."""
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
+
     x, positions = case.args
-    base = case.kwargs.get("base", 10000.0)
-    return RotaryEmbedding(x.size(-1), base, interleaved=True)(x, positions)
+    angle = _angles(x, positions, case.kwargs.get("base", 10000.0))
+    x4 = x.reshape(-1, *x.shape[-2:]).unsqueeze(2)  # (batch, T, heads = 1, d), as GPT-J has it
+    sin, cos = angle.sin().to(x.dtype)[None], angle.cos().to(x.dtype)[None]
+    return apply_rotary_pos_emb(x4, sin, cos).squeeze(2).reshape(x.shape)
 
 
 def _half_expected(case: Case) -> torch.Tensor:
@@ -213,8 +217,8 @@ def rope(impl):
     (``d`` even), ``positions`` an integer tensor ``(T,)`` of the vectors' absolute
     positions (they start after the cache, not always at 0) and ``rotated`` the same shape
     and dtype as ``x``: the pair at position ``m`` rotated by the angle ``m * theta_i``,
-    ``theta_i = base^(-2i/d)``. Compared with ``RotaryEmbedding(d, base,
-    interleaved=True)``.
+    ``theta_i = base^(-2i/d)``. Compared with Hugging Face ``transformers``' GPT-J
+    ``apply_rotary_pos_emb``, which pairs neighbours the same way.
     """
 
 

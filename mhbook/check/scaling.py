@@ -2,14 +2,16 @@
 interpolation, NTK-aware scaling and YaRN's frequencies.
 
 What is compared: the frequencies ``theta`` (float64, one per pair), and NTK's new base and
-YaRN's attention factor. YaRN's third output in the chapter, ``(low, high, gamma)``, shows
-the ramp for the reader and is not graded: every mistake in it shows in ``theta``.
+YaRN's attention factor, both required. YaRN's third output in the chapter, ``(low, high,
+gamma)``, shows the ramp for the reader and is not graded: every mistake in it shows in
+``theta``.
 
 The expected values are computed in float64 by the formulas, and checked on every case
 against ``transformers``' ``ROPE_INIT_FUNCTIONS`` (``"linear"``, ``"dynamic"`` at the
 length where its factor is the static one, ``"yarn"``), which compute in float32: they
 must agree to float32's precision, or the check itself is wrong and raises. The reader's
-frequencies are then held to float64's.
+frequencies are held to the float64 tolerance of the contracts, which ``transformers``' own
+float32 frequencies meet.
 """
 
 from __future__ import annotations
