@@ -1,32 +1,17 @@
 """What every check must do, for every check of ``mhbook.check`` (a new one is covered by
 being registered): its reference and the other correct implementations of its group's test
 file pass (one of them written as ``transformers`` writes the mechanism, where it has it);
-each catalogued bug, run as the reader's code, fails and is named with its fix, also when it
-returns only the outputs the contract requires; each bug fails a case by far more than the
-tolerance; NaN, a wrong shape, a wrong dtype and an input edited in place never pass; every
-case names the axes of its outputs; the contract states the tolerance."""
+each catalogued bug, run as the reader's code, fails and is named with its fix; every case
+names the axes of its outputs; the contract states the tolerance.
+``test_catalogue_robustness.py`` adds what takes longer."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from grading import (
-    WORDS,
-    alternatives,
-    assert_named,
-    assert_passes,
-    corrupt,
-    floating_inputs,
-    in_place,
-    required_only,
-)
+from grading import alternatives, assert_named, assert_passes
 
 from mhbook import check
-from mhbook.check.grader import compare
-
-pytestmark = pytest.mark.slow(seconds=60)
 
 NAMES = sorted(check.CHECKS)
 
@@ -37,10 +22,6 @@ NOT_IN_TRANSFORMERS = {
     "previous_token_score": "scores of heads are TransformerLens's, not transformers'",
     "induction_score": "scores of heads are TransformerLens's, not transformers'",
 }
-
-#: By how much (a multiple of the tolerance) each bug must fail at least one case, so that
-#: no reasonable tolerance lets a catalogued bug pass.
-SEPARATION = 10.0
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -58,46 +39,11 @@ def test_the_reference_and_other_correct_implementations_pass(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_catalogued_bug_is_named_also_from_the_required_outputs_alone(name):
+def test_every_catalogued_bug_is_caught_and_named(name):
     checker = check.CHECKS[name]
     assert checker.spec.bugs, f"check.{name} catalogues no bug"
     for bug in checker.spec.bugs:
         assert_named(checker, bug.impl, bug)
-        if checker.spec.optional:
-            assert_named(checker, required_only(bug.impl, checker), bug)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_every_bug_fails_a_case_by_far_more_than_the_tolerance(name):
-    spec = check.CHECKS[name].spec
-    if spec.tolerances is None:
-        pytest.skip("compared exactly: any difference fails")
-    for bug in spec.bugs:
-        excess = 0.0
-        for case, want in spec.prepared():
-            try:
-                got = spec.run_impl(bug.impl, case.fresh())
-            except Exception:
-                excess = math.inf
-                break
-            excess = max(excess, compare(want, got, case, spec)[2])
-        assert excess >= SEPARATION, f"check.{name}: {bug.name!r} fails by {excess:.3g}x only"
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_nan_a_wrong_shape_or_dtype_and_inputs_edited_in_place_never_pass(name):
-    checker = check.CHECKS[name]
-    reference = checker.spec.reference
-    for how, word in WORDS.items():
-        if how == "nan" and checker.spec.tolerances is None:
-            continue  # masks and copies: no NaN to make
-        result = checker(corrupt(reference, how))
-        assert not result, f"check.{name} passed an output with {how} corrupted"
-        assert word in result.report(), result.report()
-    if floating_inputs(checker):
-        result = checker(in_place(reference))
-        assert not result and "edited its input" in result.report(), result.report()
-        assert result.bug is None
 
 
 @pytest.mark.parametrize("name", NAMES)
