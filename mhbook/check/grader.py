@@ -548,12 +548,13 @@ def _difference(key, expected, got, case: Case, check: Check):
             return None, "", 0.0
         if isinstance(expected, float) and isinstance(got, (int, float)):
             e, g = _digits(expected, float(got))
-            diff = abs(float(got) - expected)
-            return (
-                f"{key}: expected {e}, got {g} (|got - expected| = {_g3(diff)})",
-                inputs,
-                math.inf,
+            rtol, atol = check.tolerance(torch.float64)
+            diff, allowed = abs(float(got) - expected), atol + rtol * abs(expected)
+            problem = (
+                f"{key}: expected {e}, got {g}: |got - expected| = {_g3(diff)} > allowed "
+                f"{_g3(allowed)} (rtol {_g(rtol)}, atol {_g(atol)})"
             )
+            return problem, inputs, diff / allowed if allowed else math.inf
         return f"{key}: expected {expected!r}, got {got!r}", inputs, math.inf
     if not isinstance(got, torch.Tensor):
         what = type(got).__name__
