@@ -27,7 +27,7 @@ data, so that Colab has it too), holds the command, commit, machine and date tha
 chapter 14 plots it (``mhbook.load_measured("llama_ablations")``).
 
 A benchmark, not a test: it trains 21 models (about 45 s each on one thread of the 2-core
-machine at 1,000 steps). ``tests/test_llama_ablations.py`` runs it for two steps.
+machine at 1,000 steps). ``tests/benchmarks/test_llama_ablations.py`` runs it for two steps.
 """
 
 from __future__ import annotations
