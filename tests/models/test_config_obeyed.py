@@ -51,6 +51,10 @@ CHANGES = {
         {"global_rope_theta": 50.0},
         {"window": 2, "global_every": 2, "position": "rope"},
     ),
+    "max_position_embeddings": (
+        {"max_position_embeddings": 16},
+        {"position": "learned", "max_position_embeddings": 8},
+    ),
 }
 
 
