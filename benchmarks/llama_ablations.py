@@ -38,8 +38,8 @@ with a 95 % t-interval. The results file, ``mhbook/training/measured/llama_ablat
 made it; chapter 14 plots it (``mhbook.load_measured("llama_ablations")``).
 
 A benchmark, not a test: it trains 30 models (about a minute each on one thread of the
-2-core machine at 1,000 steps, with nothing else running). ``tests/test_llama_ablations.py``
-runs it for two steps.
+2-core machine at 1,000 steps, with nothing else running).
+``tests/benchmarks/test_llama_ablations.py`` runs it for two steps.
 """
 
 from __future__ import annotations

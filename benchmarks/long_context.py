@@ -29,8 +29,8 @@ every position 0 to 511 on chapter 16's 64 validation sequences of 513 character
 mean of each block of 64 positions; after the last step, each head's weight on keys 64 or
 more and 256 or more characters back, at the queries 448 to 511 (on 16 of the sequences),
 for each fine-tuned model and the model before fine-tuning. The loop is :func:`mhbook.fit`'s,
-written out to look at the model while it trains (``tests/test_long_context.py`` checks that
-it gives fit's weights).
+written out to look at the model while it trains (``tests/benchmarks/test_long_context.py``
+checks that it gives fit's weights).
 
 Each run trains on one thread; ``--workers`` run side by side. The results file,
 ``mhbook/training/measured/long_context.json`` (package data, so that Colab has it too),

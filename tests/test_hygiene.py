@@ -164,17 +164,12 @@ def test_every_chapter_has_a_recorded_duration_for_the_schedule():
 
 
 # -- the layers of the package ----------------------------------------------------------------
-#: The folders of mhbook, which are its layers, floor by floor from the bottom up. A module
-#: may import modules of its own folder, of the folders on its floor and of the floors below,
-#: never of a floor above; and the imports make no cycle. ``mhbook/__init__.py``, which
-#: gathers every folder's public names, is the top. Every module lives in one of these folders.
-FLOORS = [
-    ["core"],  # argument validation, configs, masks, devices and seeds, measuring
-    ["attention", "tasks"],  # the attention core and layers; the tasks and their data
-    ["models", "distributed"],  # blocks, models, generation, HF; heads across processes
-    ["training", "check"],  # fit and the trained models; the checks of the reader's code
-    ["viz"],  # plots, diagrams, what a trained model does, the explorers
-]
+#: The folders of mhbook, which are its layers, floor by floor from the bottom up
+#: (``mhbook.FLOORS``, the one list of them). A module may import modules of its own folder,
+#: of the folders on its floor and of the floors below, never of a floor above; and the
+#: imports make no cycle. ``mhbook/__init__.py``, which gathers every folder's public names,
+#: is the top. Every module lives in one of these folders.
+FLOORS = mhbook.FLOORS
 
 PACKAGE = ROOT / "mhbook"
 TOP = "mhbook"  # the package itself: ``import mhbook``, ``from mhbook import X``
@@ -260,10 +255,10 @@ def test_every_module_is_in_a_layer_folder():
     loose = sorted(m for m in _modules() if _folder(m) not in floor_of)
     assert not loose, (
         f"modules outside the layer folders: {[_label(m) for m in loose]}: put each into the "
-        "lowest folder of FLOORS (tests/test_hygiene.py) that holds everything it imports"
+        "lowest folder of mhbook.FLOORS that holds everything it imports"
     )
     gone = sorted(f for f in floor_of if not (PACKAGE / f / "__init__.py").is_file())
-    assert not gone, f"FLOORS in tests/test_hygiene.py names folders that do not exist: {gone}"
+    assert not gone, f"mhbook.FLOORS names folders that do not exist: {gone}"
 
 
 def test_no_module_imports_from_a_higher_layer():

@@ -12,7 +12,7 @@ offline, in CI:
 * the wheel must hold every file of ``mhbook/`` (modules and package data: the corpus in
   ``mhbook/tasks/corpus/``, the explorers' ``static/`` files), so a data file that
   ``pyproject.toml``'s ``package-data`` misses fails here, by name;
-* a fresh virtual environment (tests/test_colab.py's :class:`ColabEnv`: it sees this
+* a fresh virtual environment (tests/book/test_colab.py's :class:`ColabEnv`: it sees this
   environment's packages but not mhbook, so torch is not downloaded, and pip runs with no
   index) gets the wheel from chapter 1's first cell (``MHBOOK_SOURCE`` = the wheel), runs
   chapter 1's reader copy to its end, reads every packaged file through
@@ -31,16 +31,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-try:
-    from test_colab import PACKAGE, ColabEnv, _chapters_to_run
-except ImportError:  # tests/ became a package
-    from tests.test_colab import PACKAGE, ColabEnv, _chapters_to_run
+from colab_env import PACKAGE, ColabEnv, chapters_to_run
 
 # 10 s on 2 cores (the build 1 s, the fresh environment and chapter 1 8 s); 53 s on a loaded machine
 pytestmark = pytest.mark.slow(seconds=15)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IGNORED = ("__pycache__", ".pyc", ".pyo")
 
 
@@ -98,7 +94,7 @@ def dist(tmp_path_factory) -> dict[str, Path]:
 
 
 def _version() -> str:
-    import mhbook  # this checkout's (tests/test_notebooks_meta.py keeps it equal to pyproject's)
+    import mhbook  # this checkout's (tests/book/test_chapters.py keeps it equal to pyproject's)
 
     return mhbook.__version__
 
@@ -151,7 +147,7 @@ def test_the_wheel_runs_chapter_1_in_a_fresh_environment(dist, tmp_path_factory)
     does from the release), and the chapter runs to its end on that install."""
     env = ColabEnv(tmp_path_factory.mktemp("wheel-env"), source=dist["wheel"])
     env.assert_without_mhbook()
-    chapter = _chapters_to_run()[0]
+    chapter = chapters_to_run()[0]
     done = env.execute(chapter, env.base / "run" / chapter.stem)
     text = "".join(o.get("text", "") for o in done.cells[-1].outputs if o.output_type == "stream")
     assert text, f"{chapter.name} did not run to its end on the wheel"

@@ -79,3 +79,12 @@ def test_python_dash_m_lists_the_checks():
         [sys.executable, "-m", "mhbook.check"], capture_output=True, text=True, check=True
     ).stdout
     assert "attention" in out and "softmax" in out
+
+
+def test_a_check_module_that_fails_to_import_fails_loudly(monkeypatch):
+    """Issue 38: the registry skipped a module that failed to import, silently."""
+    import mhbook.check as package
+
+    with pytest.raises(ImportError, match="the checks of mhbook.check.no_such_group failed"):
+        package._collect(("basics", "no_such_group"))
+    assert set(package._collect(("basics",))) <= set(check.CHECKS)

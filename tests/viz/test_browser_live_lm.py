@@ -8,7 +8,7 @@ must be PyTorch's; a character outside the 65 must be refused by name; the panel
 temperature 0.8 and seed 0 (greedy decoding loops); a seed must give the same sample twice, and
 another seed another; no JavaScript error, and axe-core must find nothing.
 
-Chromium, Playwright and axe as in tests/test_browser.py (whose helpers this file imports):
+Chromium, Playwright and axe as in tests/book/test_browser.py (whose helpers this file imports):
 without Chromium the test is skipped, unless ``CI`` is set. The panel's screenshot goes to
 ``$MHBOOK_SCREENSHOTS/live-lm.png`` (default ``_build/screenshots``).
 """
@@ -17,17 +17,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from book_server import serve
+from browser import SCREENSHOTS, Visit, axe_problems
 
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_model
 from mhbook.viz.attention_records import passage_attention
 from mhbook.viz.explorers import live
-
-try:
-    from book_server import serve
-    from test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401 (a fixture)
-except ImportError:  # tests/ became a package
-    from tests.book_server import serve
-    from tests.test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401
 
 pytestmark = pytest.mark.slow(seconds=30)  # trains a small model, then drives Chromium
 
@@ -227,5 +222,5 @@ def _drive(visit, lm, chars):
     panel.screenshot(path=str(SCREENSHOTS / "live-lm.png"))
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
     assert not visit.failed and not visit.external, (visit.failed, visit.external)
-    problems = _axe_problems(tab)
+    problems = axe_problems(tab)
     assert not problems, "\n".join(problems)

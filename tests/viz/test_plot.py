@@ -206,7 +206,7 @@ def test_log_axes_label_ticks_as_plain_numbers():
     assert not any("times" in t or "^" in t or "$" in t for t in shown), shown
 
 
-# -- the explorers' colour scale (the explorers: tests/test_explorers.py) -----------
+# -- the explorers' colour scale (the explorers: tests/viz/test_explorers.py) -----------
 
 
 def test_text_colour_threshold_is_shared_by_plots():

@@ -1,6 +1,6 @@
 """The live translator's weights file (``mhbook.viz.explorers.live``), without a browser.
 
-The browser test (``tests/test_browser.py::test_live_translator``) runs the JavaScript forward
+The browser test (``tests/book/test_browser.py::test_live_translator``) runs the JavaScript forward
 and compares it with PyTorch; these tests check the file it loads: written by chapter 6's own
 run, small, and exactly the chapter's model rounded to float16.
 """
@@ -19,7 +19,7 @@ import torch
 import mhbook
 from mhbook.viz.explorers import live
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "chapters" / live.LIVE_FILE
 CHAPTER = ROOT / "chapters" / "06-transformer.ipynb"
 

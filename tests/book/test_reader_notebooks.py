@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from myst_nb.core.variables import format_plain_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
     "reader_notebooks", ROOT / "_ext/reader_notebooks.py"
 )
@@ -79,14 +79,14 @@ def test_citations_links_and_dropdowns_become_plain_markdown():
     cites = {"a2017": ("Vaswani et al., 2017", None), "b2020": ("Su et al., 2021", "https://x")}
     text = (
         "See {cite}`a2017,b2020` and {doc}`the next chapter <02-scaled-dot-product-attention>`.\n"
-        "{source}`tests/test_lm.py::test_x` and {source}`a test <tests/test_lm.py>`\n"
+        "{source}`tests/models/test_lm.py::test_x` and {source}`a test <tests/models/test_lm.py>`\n"
         "```{admonition} Hint\n:class: dropdown\nTry $x$.\n```\n"
     )
     out = reader_notebooks.plain_markdown(text, values={}, cites=cites, where="t")
     assert "(Vaswani et al., 2017; [Su et al., 2021](https://x))" in out
     assert "[the next chapter](02-scaled-dot-product-attention.ipynb)" in out
-    blob = "https://github.com/mhbook/mhbook/blob/main/tests/test_lm.py"
-    assert f"[`tests/test_lm.py::test_x`]({blob}) and [a test]({blob})" in out
+    blob = "https://github.com/mhbook/mhbook/blob/main/tests/models/test_lm.py"
+    assert f"[`tests/models/test_lm.py::test_x`]({blob}) and [a test]({blob})" in out
     assert "<details>\n<summary><b>Hint</b></summary>\n\nTry $x$.\n\n</details>" in out
     with pytest.raises(reader_notebooks.ReaderCopyError, match="'tests/nothing.py'.*not a file"):
         reader_notebooks.plain_markdown(

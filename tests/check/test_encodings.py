@@ -1,11 +1,12 @@
-"""The grader's own tests for ``mhbook.check.encodings``: the sinusoidal encoding."""
+"""The grader's own tests for ``mhbook.check.encodings``: the sinusoidal encoding (the other
+correct implementations, run by ``test_catalogue.py``, and what is special here)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from grading import assert_passes, corrupt
+from grading import by_transformers, corrupt
 
 from mhbook import check
 
@@ -40,14 +41,20 @@ def sinusoidal_stacked(num_positions, d_model):
     return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)
 
 
-def test_the_reference_and_other_correct_implementations_pass():
-    for impl in (
-        check.sinusoidal.spec.reference,
-        sinusoidal_annotated,
-        sinusoidal_loops,
-        sinusoidal_stacked,
-    ):
-        assert_passes(check.sinusoidal, impl)
+@by_transformers
+def sinusoidal_marian(num_positions, d_model):
+    """transformers' own Marian table (``MarianSinusoidalPositionalEmbedding``: sines in the
+    first half of the features, cosines in the second), interleaved back."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    halves = MarianSinusoidalPositionalEmbedding(num_positions, d_model).create_weight()
+    sines, cosines = halves[:, : d_model // 2], halves[:, d_model // 2 :]
+    return torch.stack([sines, cosines], dim=-1).flatten(-2)
+
+
+ALTERNATIVES = {
+    "sinusoidal": (sinusoidal_annotated, sinusoidal_loops, sinusoidal_stacked, sinusoidal_marian)
+}
 
 
 def test_nan_shape_and_another_dtype_never_pass():
@@ -62,7 +69,7 @@ def test_nan_shape_and_another_dtype_never_pass():
 
 def test_a_float32_or_float64_table_passes_and_an_offset_is_used_when_taken():
     reference = check.sinusoidal.spec.reference
-    assert_passes(check.sinusoidal, lambda n, d: reference(n, d).float())
+    assert check.sinusoidal(lambda n, d: reference(n, d).float())
     result = check.sinusoidal(sinusoidal_loops)
     assert result and "Skipped" not in result.report()
     ignores_offset = check.sinusoidal(lambda n, d, offset=0: reference(n, d))

@@ -22,7 +22,7 @@ import pytest
 
 from mhbook.check import CHECKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str):

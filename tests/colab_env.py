@@ -1,24 +1,7 @@
-"""The Colab path: a chapter runs in a fresh environment where only its first cell installs mhbook.
-
-Colab starts with torch, numpy and matplotlib but without ``mhbook``; the first code cell of every
-chapter (``tests/colab_cell.py``) pip-installs it. This test rebuilds that situation offline:
-
-* a fresh virtual environment (``python -m venv``) that sees this environment's packages through
-  a folder of links to them, from which everything of ``mhbook`` (the package, its editable-install
-  hook and its metadata) is left out, so ``import mhbook`` fails there: the test asserts it,
-  in a subprocess and again inside the notebook's kernel before the first cell;
-* a kernel running that environment's Python, in a temporary folder holding only a copy of
-  the notebook (so the checkout's ``mhbook/`` folder is not on ``sys.path``);
-* ``MHBOOK_SOURCE`` pointing at a copy of this checkout's package files, which makes the first cell
-  install from there instead of GitHub. ``PIP_NO_INDEX`` keeps pip offline, and
-  ``PIP_NO_BUILD_ISOLATION=0`` (pip's spelling of ``--no-build-isolation``) lets it build with
-  the setuptools it can see instead of downloading one. Neither changes the cell.
-
-The notebook run is the chapter's reader copy in ``notebooks/``, which the launch button opens.
-Then the chapter must run to the end, and a last added cell reports where ``mhbook`` came from:
-the new environment's site-packages. Chapter 1 runs, then the quickest other chapter (by the
-timings recorded in the committed notebook) that starts no processes.
-"""
+"""A fresh virtual environment as Colab gives one: this environment's packages but mhbook,
+and a Jupyter kernel for it, in which a chapter's first cell must install mhbook itself.
+Used by ``tests/book/test_colab.py`` (the chapters as Colab opens them) and
+``tests/book/test_release.py`` (the release's wheel)."""
 
 from __future__ import annotations
 
@@ -31,12 +14,9 @@ import sysconfig
 from pathlib import Path
 
 import nbformat
-import pytest
 from helpers import recorded_seconds
 
-pytestmark = pytest.mark.slow(seconds=45)  # installs mhbook into a fresh virtual environment
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # tests/ is one level down
 PACKAGE = "mhbook"
 KERNEL = "mhbook-colab-test"
 CELL_TIMEOUT = 300  # seconds
@@ -61,17 +41,17 @@ print(json.dumps({{"file": {PACKAGE}.__file__, "version": {PACKAGE}.__version__,
 """
 
 
-def _chapters() -> list[Path]:
+def chapters() -> list[Path]:
     return sorted((ROOT / "chapters").glob("[0-9][0-9]-*.ipynb"))
 
 
-def _chapters_to_run() -> list[Path]:
+def chapters_to_run() -> list[Path]:
     """Chapter 1 and the quickest other chapter, as Colab opens them: their reader copies in
     ``notebooks/`` (``_ext/reader_notebooks.py``; the same code cells, outputs left out)."""
-    chapters = _chapters()
-    if not chapters:
+    found = chapters()
+    if not found:
         return []
-    first, others = chapters[0], chapters[1:]
+    first, others = found[0], found[1:]
     # Chapters that start processes (launch.run) take longer in a fresh environment than their
     # recorded time says: every process imports torch there again.
     others = [p for p in others if "launch.run(" not in p.read_text(encoding="utf8")] or others
@@ -112,7 +92,7 @@ class ColabEnv:
 
     def __init__(self, base: Path, source: Path | None = None):
         """``source``: what the first cell installs (``MHBOOK_SOURCE``); by default a copy of this
-        checkout's package files (tests/test_release.py hands it the release's wheel)."""
+        checkout's package files (tests/book/test_release.py hands it the release's wheel)."""
         self.base = base
         self.venv = base / "venv"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.venv)], check=True)
@@ -205,49 +185,3 @@ class ColabEnv:
         )
         # cleanup_kc: shut the kernel down afterwards (nbclient keeps kernels it was handed)
         return client.execute(env=self.env, cleanup_kc=True)
-
-
-@pytest.fixture(scope="module")
-def colab(tmp_path_factory) -> ColabEnv:
-    env = ColabEnv(tmp_path_factory.mktemp("colab"))
-    seen = env.run_python("import torch, matplotlib, num2words, ipykernel", cwd=env.base)
-    assert seen.returncode == 0, f"the fresh venv does not see our packages:\n{seen.stderr}"
-    return env
-
-
-def test_colab_cell_is_first(colab):
-    """The chapters start with the cell this test relies on."""
-    cell = (ROOT / "tests" / "colab_cell.py").read_text(encoding="utf8").strip()
-    assert "MHBOOK_SOURCE" in cell and "pip" in cell
-    for chapter in _chapters_to_run():
-        nb = nbformat.read(chapter, as_version=4)
-        first = next(c for c in nb.cells if c.cell_type == "code")
-        assert first.source.strip() == cell, (
-            f"{chapter.name}: the first code cell is not the Colab cell"
-        )
-
-
-@pytest.mark.parametrize("chapter", _chapters_to_run(), ids=lambda p: p.stem)
-def test_chapter_runs_after_colab_install(chapter, colab):
-    colab.assert_without_mhbook()
-    done = colab.execute(chapter, colab.base / "run" / chapter.stem)
-    last = done.cells[-1]
-    text = "".join(o.get("text", "") for o in last.outputs if o.output_type == "stream")
-    assert text, (
-        f"{chapter.name}: the chapter did not run to its end (no report from the last cell)"
-    )
-    origin = json.loads(text.strip().splitlines()[-1])
-    installed = Path(origin["file"]).resolve()
-    assert installed.is_relative_to(colab.site_packages.resolve()), (
-        f"{chapter.name} imported {PACKAGE} from {installed}, not from the fresh venv's "
-        f"site-packages {colab.site_packages}"
-    )
-    assert Path(origin["prefix"]).resolve() == colab.venv.resolve(), origin
-    assert not (colab.site_packages / f"__editable__.{PACKAGE}-{origin['version']}.pth").exists()
-    import mhbook  # this checkout's, in the test's own environment
-
-    assert origin["version"] == mhbook.__version__
-
-
-def test_chapters_exist():
-    assert _chapters(), "no chapters/NN-*.ipynb to run"

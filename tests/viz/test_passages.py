@@ -2,7 +2,7 @@
 weights
 of every layer and head of a decoder-only model, against a hand computation), and what
 mhbook.viz.explorers.passages makes of them: the packed payload the JavaScript reads and the HTML.
-(In a browser: tests/test_browser_passages.py.)"""
+(In a browser: tests/viz/test_browser_passages.py.)"""
 
 from __future__ import annotations
 
@@ -16,17 +16,13 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import assert_self_contained, explorer_data
 
 import mhbook  # noqa: E402
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL  # noqa: E402
 from mhbook.viz import attention_records as analysis  # noqa: E402
 from mhbook.viz import explorers
 from mhbook.viz.explorers import passages, svg  # noqa: E402
-
-try:
-    from test_explorers import assert_self_contained, explorer_data
-except ImportError:  # tests/ became a package
-    from tests.test_explorers import assert_self_contained, explorer_data
 
 
 def root_id(html: str) -> str:

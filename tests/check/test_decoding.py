@@ -1,5 +1,6 @@
 """The grader's own tests for ``mhbook.check.decoding``: tiled attention, the KV cache and
-top-p filtering."""
+top-p filtering (the other correct implementations, run by ``test_catalogue.py``, and what
+is special here)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from grading import assert_passes, assert_rejects_corruptions
+from grading import assert_named, by_transformers
 
 import mhbook
 from mhbook import check
@@ -74,6 +75,15 @@ def top_p_filter(logits, p):
     return logits.masked_fill(~keep, float("-inf"))
 
 
+@by_transformers
+def top_p_transformers(logits, p):
+    """transformers' own ``TopPLogitsWarper``, on the rows of logits."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    flat = logits.reshape(-1, logits.size(-1))
+    return TopPLogitsWarper(p)(None, flat).view_as(logits)
+
+
 def top_p_loop(logits, p):
     """Another correct top-p: one row at a time, adding tokens until the mass reaches p."""
     rows = logits.reshape(-1, logits.size(-1))
@@ -89,23 +99,79 @@ def top_p_loop(logits, p):
     return out.view_as(logits)
 
 
-def test_references_and_other_implementations_pass():
-    for impl in (check.tiled_attention.spec.reference, tiled_normalised, tiled_logsumexp):
-        assert_passes(check.tiled_attention, impl)
-    for impl in (check.kv_cache.spec.reference, attend_step_list, attend_step_loop):
-        assert_passes(check.kv_cache, impl)
-    for impl in (check.top_p.spec.reference, top_p_filter, top_p_loop):
-        assert_passes(check.top_p, impl)
+@by_transformers
+def attend_step_dynamic_cache(q, k, v, cache):
+    """transformers' own ``DynamicCache`` holds the keys and values; the attention as its
+    eager attention computes it (softmax in float32, an additive mask)."""
+    from transformers import DynamicCache
+
+    store = cache.setdefault("hf", DynamicCache())
+    keys, values = store.update(k, v, layer_idx=0)
+    T_q, T_k = q.size(-2), keys.size(-2)
+    scores = q @ keys.transpose(-2, -1) * q.size(-1) ** -0.5
+    future = torch.ones(T_q, T_k, dtype=torch.bool).triu(T_k - T_q + 1)
+    scores = scores + torch.zeros_like(scores).masked_fill(future, torch.finfo(q.dtype).min)
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return weights @ values
 
 
-def test_nan_wrong_shape_and_dtype_never_pass():
-    for fn in (check.tiled_attention, check.kv_cache, check.top_p):
-        assert_rejects_corruptions(fn)
+class StaticStep:
+    """A cached step whose cache is a preallocated buffer, as transformers' StaticCache: the
+    keys and values it attends to are views of the buffer (the check's cases hold 7 tokens
+    at most)."""
+
+    def __call__(self, q, k, v, cache):
+        if "k" not in cache:
+            B, h, _, d = k.shape
+            cache["k"], cache["v"] = k.new_zeros(B, h, 8, d), v.new_zeros(B, h, 8, d)
+            cache["length"] = 0
+        start, end = cache["length"], cache["length"] + k.size(-2)
+        cache["k"][..., start:end, :], cache["v"][..., start:end, :] = k, v
+        cache["length"] = end
+        mask = mhbook.causal_mask(q.size(-2), end)
+        return F.scaled_dot_product_attention(
+            q, cache["k"][..., :end, :], cache["v"][..., :end, :], attn_mask=mask
+        )
 
 
-def test_a_cache_that_forgets_is_not_a_false_pass():
+ALTERNATIVES = {
+    "tiled_attention": (tiled_normalised, tiled_logsumexp),
+    "kv_cache": (attend_step_list, attend_step_loop, attend_step_dynamic_cache, StaticStep()),
+    "top_p": (top_p_filter, top_p_loop, top_p_transformers),
+}
+
+
+def test_a_cache_that_attends_to_the_new_chunk_only_is_named():
+    """Issue 38: a step that ignores its cache was left unnamed."""
+
     def no_cache(q, k, v, cache):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    result = check.kv_cache(no_cache)
-    assert not result and "Smallest failing case" in result.report()
+    def overwritten(q, k, v, cache):
+        cache["k"], cache["v"] = k, v
+        return F.scaled_dot_product_attention(q, cache["k"], cache["v"], is_causal=True)
+
+    (bug,) = [b for b in check.kv_cache.spec.bugs if "own chunk" in b.name]
+    for impl in (no_cache, overwritten):
+        assert_named(check.kv_cache, impl, bug)
+
+
+def test_tiled_attention_with_a_running_maximum_from_zero_is_caught_and_named():
+    """Issue 38: no case had every score far below 0."""
+
+    def from_zero(q, k, v, block_size):
+        m = torch.zeros(*q.shape[:-1], 1, dtype=torch.float32)
+        l = torch.zeros_like(m)
+        o = torch.zeros(*q.shape[:-1], v.size(-1), dtype=torch.float32)
+        for start in range(0, k.size(-2), block_size):
+            s = q.float() @ k[..., start : start + block_size, :].float().transpose(-2, -1)
+            s = s / math.sqrt(q.size(-1))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p = torch.exp(s - m_new)
+            l = torch.exp(m - m_new) * l + p.sum(-1, keepdim=True)
+            o = torch.exp(m - m_new) * o + p @ v[..., start : start + block_size, :].float()
+            m = m_new
+        return (o / l).to(q.dtype)
+
+    (bug,) = [b for b in check.tiled_attention.spec.bugs if "starts at 0" in b.name]
+    assert_named(check.tiled_attention, from_zero, bug)

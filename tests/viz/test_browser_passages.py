@@ -2,7 +2,7 @@
 own (no book build): driven with the keyboard and the mouse, every token it shades must hold
 Python's weight of that query, in the colour of the book's map, and axe-core must find nothing.
 
-Chromium, Playwright and axe as in tests/test_browser.py (whose helpers this file imports):
+Chromium, Playwright and axe as in tests/book/test_browser.py (whose helpers this file imports):
 without Chromium the test is skipped, unless ``CI`` is set. The explorer's screenshot goes to
 ``$MHBOOK_SCREENSHOTS/passages.png`` (default ``_build/screenshots``).
 """
@@ -12,16 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from browser import SCREENSHOTS, Visit, axe_problems
 
 import mhbook
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL
 from mhbook.viz import attention_records as analysis
 from mhbook.viz.explorers import passages
-
-try:
-    from test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401 (a fixture)
-except ImportError:  # tests/ became a package
-    from tests.test_browser import SCREENSHOTS, Visit, _axe_problems, chromium  # noqa: F401
 
 TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
@@ -189,7 +185,7 @@ def test_passage_explorer_in_a_browser(chromium, shown, tmp_path):
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         root.screenshot(path=str(SCREENSHOTS / "passages.png"))
         assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
-        problems = _axe_problems(tab)
+        problems = axe_problems(tab)
         assert not problems, "\n".join(problems)
     finally:
         visit.close()

@@ -18,11 +18,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
-try:
-    from book_server import ROOT, load_yaml, repository, toc_files, toc_pages
-except ImportError:  # tests/ became a package
-    from tests.book_server import ROOT, load_yaml, repository, toc_files, toc_pages
+from book_server import ROOT, load_yaml, repository, toc_files, toc_pages
 
 COLAB_CELL = (ROOT / "tests" / "colab_cell.py").read_text(encoding="utf8")
 # Of a chapter's code cells after the first, at most this many may be tagged

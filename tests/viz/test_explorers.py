@@ -1,6 +1,6 @@
 """Tests of mhbook.viz.explorers: the HTML each explorer writes (its data, ids, labels, the first
 picture) and, in headless Chromium on a local file, that its JavaScript computes what the
-Python reference computes. (The same explorers in the built book: tests/test_browser.py.)"""
+Python reference computes. (The same explorers in the built book: tests/book/test_browser.py.)"""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import assert_self_contained, explorer_data, root_id  # noqa: E402
 
 from mhbook.viz import explorers  # noqa: E402
 from mhbook.viz.explorers import svg  # noqa: E402
@@ -27,35 +28,6 @@ from mhbook.viz.explorers import svg  # noqa: E402
 def close_figures():
     yield
     plt.close("all")
-
-
-def explorer_data(html: str) -> dict:
-    """The JSON an explorer hands to its JavaScript."""
-    pattern = r'<script type="application/json" class="mhbook-explorer-data">(.*?)</script>'
-    return json.loads(re.search(pattern, html, re.S).group(1))
-
-
-def root_id(html: str) -> str:
-    return re.search(r'class="mhbook-explorer" id="([^"]+)"', html).group(1)
-
-
-def assert_self_contained(html: str) -> None:
-    """No external resource, one script, unique ids, every control labelled, SVGs are images."""
-    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", html)
-    assert "http" not in html  # no external script, style, font or namespace
-    assert html.count("<script>") == 1
-    ids = re.findall(r'\bid="([^"]+)"', html)
-    assert len(ids) == len(set(ids)), "ids repeat inside one explorer"
-    labelled = set(re.findall(r'<label[^>]* for="([^"]+)"', html))
-    for control in re.findall(r"<(?:input|select|button)\b[^>]*>", html):
-        if "aria-label=" in control:
-            continue
-        if control.startswith("<button"):  # a button is labelled by its text
-            continue
-        cid = re.search(r'\bid="([^"]+)"', control)
-        assert cid and cid.group(1) in labelled, f"control without a label: {control}"
-    for tag in re.findall(r"<svg\b[^>]*>", html):
-        assert 'role="img"' in tag and re.search(r'aria-label="[^"]{10,}"', tag), tag
 
 
 def drawn(locator, attribute: str = "data-weights") -> np.ndarray:
@@ -524,7 +496,7 @@ def test_committed_chapter_outputs_hold_the_current_static_files():
     }
     stale = set()
     shown = set()
-    for path in sorted((Path(__file__).parents[1] / "chapters").glob("*.ipynb")):
+    for path in sorted((Path(__file__).parents[2] / "chapters").glob("*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
             for output in cell.get("outputs", []):
                 page = output.get("data", {}).get("text/html", "")

@@ -24,7 +24,7 @@ from benchmarks.bench import (
 
 pytestmark = pytest.mark.slow(seconds=40)  # trains D2L's model and the book's
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pair(num_hiddens=16, num_heads=4):
