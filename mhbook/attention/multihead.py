@@ -212,7 +212,8 @@ class MultiHeadAttention(AttentionLayer):
             )  # fmt: skip
             return self._heads_out(heads, weights, need_weights)
         # 2. position: RoPE rotates q and k at the new tokens' positions
-        positions = self._positions(query, positions, cache)  # (T,) or (B, T)
+        if positions is not None or self.rope is not None or self.alibi is not None:
+            positions = self._positions(query, positions, cache)  # (T,) or (B, T)
         rope = self._rope_tables(rope_tables, positions, q.dtype)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -231,8 +232,7 @@ class MultiHeadAttention(AttentionLayer):
         heads, weights = self.attend_heads(
             q, k, v, mask, need_weights=keep, bias=bias, is_causal=is_causal
         )
-        # 5. merge: the heads side by side, W_o
-        return self._heads_out(heads, weights, need_weights)
+        return self._heads_out(heads, weights, need_weights)  # 5. merge the heads, W_o
 
     def attend_heads(self, q, k, v, mask=None, *, need_weights=False, bias=None, is_causal=False):
         """:func:`mhbook.attend` of the split heads ``q`` ``(batch, h, T, d_head)``, ``k``,

@@ -152,10 +152,11 @@ class RMSNorm(nn.Module):
 
         RMSNorm(x) = weight * x / sqrt(mean(x^2) + eps)
 
-    LayerNorm without the mean and without a bias. Written out by hand for teaching, the
-    way Llama's reference code and Hugging Face's ``LlamaRMSNorm`` compute it: in float32
-    whatever the input's dtype, then cast back before the weight (so a float64 model
-    gives the same numbers as ``transformers``; ``nn.RMSNorm`` would compute in float64).
+    LayerNorm without the mean and without a bias. Computed as Llama's reference code and
+    Hugging Face's ``LlamaRMSNorm`` compute it: in float32 whatever the input's dtype, then
+    cast back before the weight (so a float64 model gives the same numbers as
+    ``transformers``; ``nn.RMSNorm`` would compute in float64), with PyTorch's
+    ``F.rms_norm`` (one fused kernel outside autograd, the same bits as the formula).
 
     ``(..., d_model)`` -> ``(..., d_model)``.
     """
@@ -166,9 +167,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        normed = F.rms_norm(x.to(torch.float32), self.weight.shape, eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
