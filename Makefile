@@ -56,8 +56,8 @@ bench: setup
 
 # The chapters as Colab and Jupyter show them (glued numbers written out), and their practice
 # copies (the cells tagged practice:<function>=<check> as stubs, each followed by its check): run
-# after executing or tagging a chapter; tests/test_reader_notebooks.py and
-# tests/test_practice_notebooks.py fail while notebooks/ or practice/ is stale.
+# after executing or tagging a chapter; tests/book/test_reader_notebooks.py and
+# tests/book/test_practice_notebooks.py fail while notebooks/ or practice/ is stale.
 notebooks: setup
 	$(BIN)/python _ext/reader_notebooks.py
 	$(BIN)/python _ext/practice_notebooks.py

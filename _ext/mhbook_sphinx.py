@@ -12,16 +12,17 @@ Offline MathJax
     MathJax 2's own blank font (``MathJax_Blank``, at ``url('about:blank')``, which Chromium
     refuses with two console errors) is declared with ``local()`` instead: no request.
     With ``html_context.default_mode`` and ``html.favicon`` in ``_config.yml``, no page logs
-    a console error (tests/test_browser.py checks every page).
+    a console error (tests/book/test_browser.py checks every page).
 
 Bibliography labels
     The pybtex style ``mhbook_author_year`` labels the entries of the bibliography
     "Vaswani et al. 2017", like the author-year citations in the text.
 
 Links to the source
-    ``{source}`tests/test_lm.py``` (or ``{source}`the test <tests/test_lm.py::name>```) links a
-    file of the repository, at the address and branch set once in ``_config.yml``; a path that
-    does not exist is a build warning.
+    ``{source}`tests/models/test_lm.py``` (or
+    ``{source}`the test <tests/models/test_lm.py::name>```) links a file of the repository,
+    at the address and branch set once in ``_config.yml``; a path that does not exist is a
+    build warning.
 
 The live translator
     Chapter 6 writes its trained model's weights to ``chapters/live/``; after an HTML build they

@@ -22,11 +22,11 @@ on the cell that defines ``<function>`` at its top level, where ``<check>`` name
 Every other cell is the reader copy's, and a note under the title says what the copy is and
 how to use it. A tagged definition must be self-contained: it may use ``math``, ``torch``,
 ``np``, ``nn``, ``F``, ``mhbook``, the chapter's imports and the other definitions of its own
-cell, and nothing else of the chapter (``tests/test_practice_notebooks.py`` runs each one on its
-own through its check, and each stub, which must fail with "not written yet").
+cell, and nothing else of the chapter (``tests/book/test_practice_notebooks.py`` runs each one
+on its own through its check, and each stub, which must fail with "not written yet").
 
 The book's "Practice in Colab" button opens these copies, and the page's downloads offer them
-(``_ext/mhbook_sphinx.py``). ``tests/test_practice_notebooks.py`` checks that the committed
+(``_ext/mhbook_sphinx.py``). ``tests/book/test_practice_notebooks.py`` checks that the committed
 copies are what this script makes from the committed chapters: run ``make notebooks`` (or
 ``python _ext/practice_notebooks.py``) after changing a chapter.
 """

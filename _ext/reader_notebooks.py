@@ -17,7 +17,7 @@ a number. This script writes a copy of each chapter in plain Jupyter Markdown:
 * outputs are left out: the reader runs the chapter.
 
 The book's launch button opens these copies in Colab, and the page's ``.ipynb`` download gives
-them (``_ext/mhbook_sphinx.py``). ``tests/test_reader_notebooks.py`` checks that the committed
+them (``_ext/mhbook_sphinx.py``). ``tests/book/test_reader_notebooks.py`` checks that the committed
 copies are what this script makes from the committed chapters, so after executing a chapter run
 ``make notebooks`` (or ``python _ext/reader_notebooks.py``).
 """

@@ -7,7 +7,7 @@ to show where the time goes, against two more models trained by the same step:
 - :class:`FlatTransformer`, the book's model with nothing around it: the same parameters
   under the same names (``load_state_dict`` takes a :class:`mhbook.Transformer`'s) and
   the same operations in the same order, so that it trains to the same bits
-  (``tests/test_bench_flat.py``), written as a few functions with no input checks, no
+  (``tests/benchmarks/test_bench_flat.py``), written as a few functions with no input checks, no
   KV cache, no explicit path, no hooks and no options. Its speed is what the book's
   readable modules and clear errors could at most gain; the rest of the time is PyTorch's.
 - :class:`TorchTransformer`, :class:`torch.nn.Transformer` with the same sizes, between

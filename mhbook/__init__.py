@@ -1,7 +1,7 @@
 """mhbook: the reference code of the book *Multi-Head Attention, Run and Checked*.
 
-The package is its layers, one folder each, from the bottom up (a folder imports only from the
-folders below it; ``tests/test_hygiene.py`` checks it):
+The package is its layers, one folder each, listed floor by floor in :data:`FLOORS` (a
+folder imports only from its own floor and those below; ``tests/test_hygiene.py`` checks it):
 
 * :mod:`mhbook.core`: argument validation, configs, masks, devices and seeds;
 * :mod:`mhbook.attention`: the attention core, RoPE, ALiBi, the cache, the attention layers;
@@ -19,26 +19,32 @@ gathered from their ``__all__``. ``import mhbook`` is cheap: the plots and explo
 when ``mhbook.check`` is imported.
 """
 
-from . import attention, core, distributed, models, tasks, training, viz
-from .attention import *  # noqa: F403
-from .core import *  # noqa: F403
-from .distributed import *  # noqa: F403
-from .models import *  # noqa: F403
-from .tasks import *  # noqa: F403
-from .training import *  # noqa: F403
+from . import viz
+from .core.public import gather
 
 __version__ = "0.3.0"
 
-#: The folders whose public names ``mhbook`` gathers, bottom up.
-LAYERS = (core, attention, tasks, models, distributed, training)
+#: The folders of mhbook, which are its layers, floor by floor from the bottom up. A module
+#: imports only from its own folder, the folders on its floor and the floors below, and the
+#: imports make no cycle (``tests/test_hygiene.py`` holds the code to this list). This is the
+#: one list of the layers: the README and CONTRIBUTING.md point here.
+FLOORS = (
+    ("core",),  # argument validation, configs, masks, devices and seeds, measuring
+    ("attention", "tasks"),  # the attention core and layers; the tasks and their data
+    ("models", "distributed"),  # blocks, models, generation, conversions; heads across ranks
+    ("training", "check"),  # fit and the trained models; the checks of the reader's code
+    ("viz",),  # plots, diagrams, what a trained model does, the explorers
+)
 
+#: ``mhbook.check`` is imported when asked for (``from mhbook import check``), and ``viz``'s
+#: names the first time one is used (matplotlib and ipywidgets load only then).
 __all__ = [
-    *(name for layer in LAYERS for name in layer.__all__),
-    *(name for name in viz.NAMES),
+    *gather(globals(), [f for floor in FLOORS for f in floor if f not in ("check", "viz")]),
+    *viz.NAMES,
 ]
 
 # In Jupyter, figures are retina PNGs (sharp on HiDPI screens); nothing happens elsewhere.
-use_sharp_figures()  # noqa: F405
+use_sharp_figures()  # noqa: F821 (gathered from core.utils)
 
 
 def __getattr__(name: str):

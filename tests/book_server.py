@@ -1,6 +1,6 @@
 """Build the book from its committed outputs and serve it on 127.0.0.1.
 
-Used by ``tests/test_browser.py``; also handy by hand::
+Used by ``tests/book/test_browser.py``; also handy by hand::
 
     python tests/book_server.py          # build into _build/browser-test, serve, print the URL
 

@@ -211,3 +211,12 @@ def hf_deepseek_attention():
         return config, layer, deepseek.DeepseekV3RotaryEmbedding(config)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Chromium alone, for the tests that open a standalone page of one panel
+    (``tests/viz/test_browser_passages.py``, ``tests/viz/test_browser_live_lm.py``)."""
+    from browser import launch_chromium
+
+    yield from launch_chromium()

@@ -6,6 +6,8 @@ are fixtures of ``conftest.py``: they skip a test when ``transformers`` is missi
 """
 
 import contextlib
+import json
+import re
 
 import torch
 
@@ -90,3 +92,33 @@ def stepped(lm, tokens, chunks=(1,)):
         outputs.append(lm(tokens[:, start : start + size], cache=cache))
         start, i = start + size, i + 1
     return torch.cat(outputs, dim=1), cache
+
+
+# -- the explorers' HTML ----------------------------------------------------------------------
+def explorer_data(html: str) -> dict:
+    """The JSON an explorer hands to its JavaScript."""
+    pattern = r'<script type="application/json" class="mhbook-explorer-data">(.*?)</script>'
+    return json.loads(re.search(pattern, html, re.S).group(1))
+
+
+def root_id(html: str) -> str:
+    return re.search(r'class="mhbook-explorer" id="([^"]+)"', html).group(1)
+
+
+def assert_self_contained(html: str) -> None:
+    """No external resource, one script, unique ids, every control labelled, SVGs are images."""
+    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", html)
+    assert "http" not in html  # no external script, style, font or namespace
+    assert html.count("<script>") == 1
+    ids = re.findall(r'\bid="([^"]+)"', html)
+    assert len(ids) == len(set(ids)), "ids repeat inside one explorer"
+    labelled = set(re.findall(r'<label[^>]* for="([^"]+)"', html))
+    for control in re.findall(r"<(?:input|select|button)\b[^>]*>", html):
+        if "aria-label=" in control:
+            continue
+        if control.startswith("<button"):  # a button is labelled by its text
+            continue
+        cid = re.search(r'\bid="([^"]+)"', control)
+        assert cid and cid.group(1) in labelled, f"control without a label: {control}"
+    for tag in re.findall(r"<svg\b[^>]*>", html):
+        assert 'role="img"' in tag and re.search(r'aria-label="[^"]{10,}"', tag), tag

@@ -164,17 +164,12 @@ def test_every_chapter_has_a_recorded_duration_for_the_schedule():
 
 
 # -- the layers of the package ----------------------------------------------------------------
-#: The folders of mhbook, which are its layers, floor by floor from the bottom up. A module
-#: may import modules of its own folder, of the folders on its floor and of the floors below,
-#: never of a floor above; and the imports make no cycle. ``mhbook/__init__.py``, which
-#: gathers every folder's public names, is the top. Every module lives in one of these folders.
-FLOORS = [
-    ["core"],  # argument validation, configs, masks, devices and seeds, measuring
-    ["attention", "tasks"],  # the attention core and layers; the tasks and their data
-    ["models", "distributed"],  # blocks, models, generation, HF; heads across processes
-    ["training", "check"],  # fit and the trained models; the checks of the reader's code
-    ["viz"],  # plots, diagrams, what a trained model does, the explorers
-]
+#: The folders of mhbook, which are its layers, floor by floor from the bottom up
+#: (``mhbook.FLOORS``, the one list of them). A module may import modules of its own folder,
+#: of the folders on its floor and of the floors below, never of a floor above; and the
+#: imports make no cycle. ``mhbook/__init__.py``, which gathers every folder's public names,
+#: is the top. Every module lives in one of these folders.
+FLOORS = mhbook.FLOORS
 
 PACKAGE = ROOT / "mhbook"
 TOP = "mhbook"  # the package itself: ``import mhbook``, ``from mhbook import X``
@@ -260,10 +255,10 @@ def test_every_module_is_in_a_layer_folder():
     loose = sorted(m for m in _modules() if _folder(m) not in floor_of)
     assert not loose, (
         f"modules outside the layer folders: {[_label(m) for m in loose]}: put each into the "
-        "lowest folder of FLOORS (tests/test_hygiene.py) that holds everything it imports"
+        "lowest folder of mhbook.FLOORS that holds everything it imports"
     )
     gone = sorted(f for f in floor_of if not (PACKAGE / f / "__init__.py").is_file())
-    assert not gone, f"FLOORS in tests/test_hygiene.py names folders that do not exist: {gone}"
+    assert not gone, f"mhbook.FLOORS names folders that do not exist: {gone}"
 
 
 def test_no_module_imports_from_a_higher_layer():
@@ -354,19 +349,23 @@ def test_the_import_reader_works():
 
 
 def _private_names_imported(source: str) -> list[str]:
-    """Private names (``_x``, not ``__x__``) a module takes from another one: ``from m
-    import _x`` and ``m._x`` for a module ``m`` it imported."""
+    """Private names (``_x``, not ``__x__``) a module of mhbook takes from another one of
+    mhbook: ``from .m import _x`` and ``m._x`` for a module ``m`` it imported from mhbook
+    (PyTorch's own private names are another matter)."""
     tree = ast.parse(source)
     found, modules = [], set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                private = alias.name.startswith("_") and not alias.name.startswith("__")
-                if isinstance(node, ast.ImportFrom) and private:
-                    found.append(
-                        f"line {node.lineno}: from {node.module or '.'} import {alias.name}"
-                    )
-                modules.add((alias.asname or alias.name).split(".")[0])
+        if isinstance(node, ast.ImportFrom):
+            ours = node.level > 0 or (node.module or "").startswith("mhbook")
+        else:
+            ours = isinstance(node, ast.Import) and node.names[0].name.startswith("mhbook")
+        if not ours:
+            continue
+        for alias in node.names:
+            private = alias.name.startswith("_") and not alias.name.startswith("__")
+            if isinstance(node, ast.ImportFrom) and private:
+                found.append(f"line {node.lineno}: from {node.module or '.'} import {alias.name}")
+            modules.add((alias.asname or alias.name).split(".")[0])
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Attribute)
@@ -391,7 +390,7 @@ def test_no_private_name_crosses_a_module_boundary():
 
 def test_the_private_name_detector_works():
     source = "from .cache import _append, trim\nfrom . import viewer\nviewer._pack(1)\n"
-    source += "self._own()\nx.__class__\n"
+    source += "self._own()\nx.__class__\nimport torch\ntorch._C\n"
     assert _private_names_imported(source) == [
         "line 1: from cache import _append",
         "line 3: viewer._pack",

@@ -51,6 +51,53 @@ def test_lazy_names_resolve():
         mhbook.widgets  # noqa: B018 (moved to mhbook.viz.explorers)
 
 
+def test_every_public_name_is_what_its_module_exports():
+    """``mhbook.X`` is the object the module that defines ``X`` offers under ``X``, never a
+    module: a reader who calls ``mhbook.softmax(x)`` must not get "module is not callable"."""
+    import importlib
+    import types
+
+    homes = {}
+    for floor in mhbook.FLOORS:
+        for folder in floor:
+            if folder in ("check", "viz"):
+                continue
+            package = importlib.import_module(f"mhbook.{folder}")
+            for name in package.__all__:
+                homes.setdefault(name, []).append(folder)
+    twice = {name: folders for name, folders in homes.items() if len(folders) > 1}
+    assert not twice, f"names offered by two folders: {twice}"
+    for name in mhbook.__all__:
+        value = getattr(mhbook, name)
+        assert not isinstance(value, types.ModuleType), f"mhbook.{name} is a module"
+        defined_in = getattr(value, "__module__", None)
+        if defined_in and defined_in.startswith("mhbook.") and callable(value):
+            module = importlib.import_module(defined_in)
+            assert getattr(module, name, None) is value, (name, defined_in)
+    for explorer in ("softmax", "masks", "live", "attention", "positional", "svg", "viewer"):
+        assert explorer not in mhbook.viz.NAMES, explorer
+    assert mhbook.causal_mask is mhbook.core.masks.causal_mask
+    assert not hasattr(mhbook, "masks") and not hasattr(mhbook, "softmax")
+    assert mhbook.attention is importlib.import_module("mhbook.attention")
+
+
+def test_gather_refuses_a_name_with_two_homes_and_a_module(tmp_path, monkeypatch):
+    from mhbook.core.public import gather
+
+    pkg = tmp_path / "pkg_gather"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("__all__ = ['f']\ndef f(): pass\n")
+    (pkg / "b.py").write_text("__all__ = ['f']\ndef f(): pass\n")
+    (pkg / "c.py").write_text("import os\n__all__ = ['os']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert gather({"__name__": "pkg_gather"}, ("a",)) == ["f"]
+    with pytest.raises(ImportError, match="'f' is offered by both a and b"):
+        gather({"__name__": "pkg_gather"}, ("a", "b"))
+    with pytest.raises(ImportError, match="'os' is a module"):
+        gather({"__name__": "pkg_gather"}, ("c",))
+
+
 def test_every_package_and_static_file_ships():
     tomllib = pytest.importorskip("tomllib")
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]

@@ -121,6 +121,7 @@ def _previous_per_passage(weights):
     reference=_previous_reference,
     call=_call,
     params=("weights",),
+    why="A mean in float32 passes as well as one in float64.",
     bugs=[
         Bug(
             "the diagonal above the main one (key i + 1, a future key: always 0)",
@@ -218,6 +219,7 @@ def _induction_reference(
     reference=_induction_reference,
     call=_call,
     params=("weights", "period"),
+    why="A mean in float32 passes as well as one in float64.",
     bugs=[
         Bug(
             "key i - period (the earlier occurrence itself) instead of i - period + 1",

@@ -75,11 +75,30 @@ def _tiled_cases() -> list[Case]:
             {"block_size": 4},
             dims={"output": ("batch", "query", "feature")},
         ),
+        Case(
+            "float32, every score about -400 (exp(-400) underflows float32), blocks of 2",
+            _all_negative(),
+            {"block_size": 2},
+            dims={"output": ("query", "feature")},
+        ),
     ]
 
 
+def _all_negative() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (d = 4) whose scores are all between -420 and -380, built from numbers that
+    float32 holds exactly (and products and sums of them), so that float32 code computes
+    the scores without rounding: a running maximum that starts at 0 gives 0 / 0."""
+    g = torch.Generator().manual_seed(44)
+    q = 10.0 + torch.randint(-4, 5, (3, 4), generator=g) / 8
+    k = -20.0 + torch.randint(-8, 9, (7, 4), generator=g) / 8
+    v = seeded(7, 3, seed=45, dtype=torch.float32)
+    return q.float(), k.float(), v
+
+
 def _tiled_expected(case: Case) -> torch.Tensor:
-    return F.scaled_dot_product_attention(*case.args)
+    """PyTorch's fused attention in float64, in the inputs' dtype."""
+    q, k, v = case.args
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double()).to(q.dtype)
 
 
 def _tiled_reference(
@@ -94,6 +113,7 @@ def _tiled_reference(
     keep_max=True,
     running_max=True,
     last_block=True,
+    m_start=float("-inf"),
 ):
     """Written for teaching (and mutated for the bugs): the online softmax of chapter 8,
     with the running maximum ``m``, sum ``l`` and unnormalised output ``o`` of each query,
@@ -102,7 +122,7 @@ def _tiled_reference(
     compute = torch.promote_types(dtype, torch.float32)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     scale = 1 / math.sqrt(q.size(-1))
-    m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=compute)
+    m = torch.full(q.shape[:-1] + (1,), m_start, dtype=compute)
     l = torch.zeros(q.shape[:-1] + (1,), dtype=compute)
     o = torch.zeros(q.shape[:-1] + (v.size(-1),), dtype=compute)
     T_k = k.size(-2)
@@ -147,6 +167,10 @@ def _tiled_drop_last(q, k, v, block_size=256):
     return _tiled_reference(q, k, v, block_size, last_block=False)
 
 
+def _tiled_max_from_zero(q, k, v, block_size=256):
+    return _tiled_reference(q, k, v, block_size, m_start=0.0)
+
+
 @define(
     title="attention over blocks of keys with an online softmax",
     cases=_tiled_cases,
@@ -188,7 +212,15 @@ def _tiled_drop_last(q, k, v, block_size=256):
             "block_size keys, and slicing k[..., start:start + block_size] handles it.",
             _tiled_drop_last,
         ),
+        Bug(
+            "the running maximum m starts at 0 instead of -inf",
+            "start with m = torch.full(..., float('-inf')): when every score is far below 0, "
+            "m = max(0, block maximum) stays 0, exp(s - 0) underflows to 0 and o / l is 0 / 0.",
+            _tiled_max_from_zero,
+        ),
     ],
+    why="Computed in float32 inside for float64 inputs is fine; the expected values are "
+    "PyTorch's fused attention in float64.",
     chapter="08-efficient-attention",
 )
 def tiled_attention(impl):
@@ -255,12 +287,14 @@ def _first(out):
 
 
 def _call_kv(impl, case: Case) -> torch.Tensor:
-    """Feed the sequence to ``impl`` chunk by chunk with one cache; join its outputs."""
+    """Feed the sequence to ``impl`` chunk by chunk with one cache; join its outputs, each
+    copied when its step returns (a step may return a view of a buffer it later reuses)."""
     q, k, v = case.args
     cache, outputs, start = {}, [], 0
     for n in case.kwargs["chunks"]:
         part = slice(start, start + n)
-        outputs.append(_first(impl(q[..., part, :], k[..., part, :], v[..., part, :], cache)))
+        out = _first(impl(q[..., part, :], k[..., part, :], v[..., part, :], cache))
+        outputs.append(out.clone() if isinstance(out, torch.Tensor) else out)
         start += n
     if any(not isinstance(o, torch.Tensor) for o in outputs):
         return outputs[0]
@@ -313,6 +347,10 @@ def _kv_attend_before_append(q, k, v, cache):
     return _kv_reference(q, k, v, cache, attend_first=True)
 
 
+def _kv_chunk_only(q, k, v, cache):
+    return _kv_reference(q, k, v, {})  # a new, empty cache at every step
+
+
 @define(
     title="attention with a KV cache, chunk by chunk, against one causal pass",
     cases=_kv_cases,
@@ -346,7 +384,20 @@ def _kv_attend_before_append(q, k, v, cache):
             "attends to itself.",
             _kv_attend_before_append,
         ),
+        Bug(
+            "the new tokens attend only to their own chunk: the cached keys and values are not "
+            "used (or overwritten before attending)",
+            "attend to the cached keys and values followed by the new ones: "
+            "keys = torch.cat([cache['k'], k], dim=-2), store them, then attend with the "
+            "bottom-right causal mask.",
+            _kv_chunk_only,
+        ),
     ],
+    tolerances={torch.float16: (2e-2, 5e-3)},
+    why="Float32 arithmetic inside is fine for float64 inputs (Hugging Face's eager "
+    "attention takes the softmax in float32). For float16 inputs it multiplies q and k in "
+    "float16: the float16 case's scores, up to about 11, are then off by up to 0.006, and so "
+    "are the weights, relatively: hence float16's wider tolerance.",
     chapter="08-efficient-attention",
 )
 def kv_cache(impl):
@@ -435,6 +486,9 @@ def _top_p_probs(logits, p):
     expected=_top_p_expected,
     reference=_top_p_reference,
     params=("logits", "p"),
+    why="The kept logits are the inputs, unchanged; in every case the probability mass before "
+    "each token is at least 0.002 away from p, so that float32 probabilities keep the same "
+    "tokens.",
     bugs=[
         Bug(
             "the token whose probability crosses p is dropped (cumsum < p)",

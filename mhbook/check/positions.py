@@ -1,9 +1,8 @@
 """Checks of chapter 11: position inside attention, RoPE in both layouts and ALiBi.
 
-The references are Hugging Face ``transformers``' ``apply_rotary_pos_emb`` (Llama's
-rotate-half layout), ``RotaryEmbedding(interleaved=True)`` (the paper's pairs; no
-library we use ships that layout), ``mhbook.alibi_slopes`` (the paper's code, written out)
-and ``mhbook.ALiBi``.
+The references are Hugging Face ``transformers``' ``apply_rotary_pos_emb`` of Llama (the
+rotate-half layout) and of GPT-J (the paper's interleaved pairs), ``mhbook.alibi_slopes``
+(the paper's code, written out) and ``mhbook.ALiBi``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import torch
 
 from ..attention.alibi import ALiBi
 from ..attention.alibi import alibi_slopes as book_alibi_slopes
-from ..attention.rope import RotaryEmbedding
 from .grader import Bug, Case, define, seeded
 
 __all__ = ["rope", "rope_rotate_half", "alibi_slopes", "alibi_bias"]
@@ -60,19 +58,30 @@ def _rope_cases() -> list[Case]:
             (seeded(1, 2, 4, 8, seed=125, dtype=torch.float16), torch.arange(10, 14)),
             dims={"output": HEADS},
         ),
+        Case(
+            "float16, positions 1998..2003 (far into a long context), d = 8",
+            (seeded(1, 2, 6, 8, seed=126, dtype=torch.float16), torch.arange(1998, 2004)),
+            dims={"output": HEADS},
+        ),
     ]
 
 
-def _angles(x, positions, base, exponent=2.0, sign=-1.0):
+def _angles(x, positions, base, exponent=2.0, sign=-1.0, dtype=torch.float64):
     d = x.size(-1)
-    theta = base ** (sign * exponent * torch.arange(d // 2, dtype=torch.float64) / d)
-    return positions.to(torch.float64)[:, None] * theta  # (T, d/2)
+    theta = base ** (sign * exponent * torch.arange(d // 2, dtype=dtype) / d)
+    return positions.to(dtype)[:, None] * theta  # (T, d/2)
 
 
 def _rope_expected(case: Case) -> torch.Tensor:
+    """``transformers``' GPT-J ``apply_rotary_pos_emb`` (its ``rotate_every_two`` pairs
+    neighbours), with the angles' sin and cos computed in float64."""
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
+
     x, positions = case.args
-    base = case.kwargs.get("base", 10000.0)
-    return RotaryEmbedding(x.size(-1), base, interleaved=True)(x, positions)
+    angle = _angles(x, positions, case.kwargs.get("base", 10000.0))
+    x4 = x.reshape(-1, *x.shape[-2:]).unsqueeze(2)  # (batch, T, heads = 1, d), as GPT-J has it
+    sin, cos = angle.sin().to(x.dtype)[None], angle.cos().to(x.dtype)[None]
+    return apply_rotary_pos_emb(x4, sin, cos).squeeze(2).reshape(x.shape)
 
 
 def _half_expected(case: Case) -> torch.Tensor:
@@ -105,11 +114,14 @@ def _rotate(x, cos, sin, layout, sin_sign=1.0):
     return out.to(x.dtype)
 
 
-def _rope_impl(layout, *, own_positions=True, exponent=2.0, sign=-1.0, sin_sign=1.0):
+def _rope_impl(
+    layout, *, own_positions=True, exponent=2.0, sign=-1.0, sin_sign=1.0, low_precision=False
+):
     def impl(x, positions, base=10000.0):
         if not own_positions:
             positions = torch.arange(x.size(-2))
-        angle = _angles(x, positions, base, exponent, sign)
+        dtype = x.dtype if low_precision else torch.float64
+        angle = _angles(x, positions, base, exponent, sign, dtype)
         return _rotate(x, angle.cos(), angle.sin(), layout, sin_sign)
 
     return impl
@@ -166,6 +178,15 @@ def _rope_bugs(layout: str) -> list[Bug]:
             _rope_impl(layout, sin_sign=-1.0),
         ),
     ]
+    bugs.append(
+        Bug(
+            "the angles computed in x's dtype: in float16, m * theta_i is off by up to a tenth "
+            "of a radian at position 2,000",
+            "compute theta and the angles in float32 at least (positions.float()[:, None] * "
+            "theta), and cast only cos and sin to x's dtype, as transformers does.",
+            _rope_impl(layout, low_precision=True),
+        )
+    )
     if layout == "half":
         bugs.append(
             Bug(
@@ -185,6 +206,8 @@ def _rope_bugs(layout: str) -> list[Bug]:
     reference=_rope_reference,
     params=("x", "positions"),
     bugs=_rope_bugs("interleaved"),
+    why="Angles computed in float32, as transformers computes them, stay inside at the "
+    "cases' positions (up to 2,003).",
     chapter="11-position-inside-attention",
 )
 def rope(impl):
@@ -194,8 +217,8 @@ def rope(impl):
     (``d`` even), ``positions`` an integer tensor ``(T,)`` of the vectors' absolute
     positions (they start after the cache, not always at 0) and ``rotated`` the same shape
     and dtype as ``x``: the pair at position ``m`` rotated by the angle ``m * theta_i``,
-    ``theta_i = base^(-2i/d)``. Compared with ``RotaryEmbedding(d, base,
-    interleaved=True)``.
+    ``theta_i = base^(-2i/d)``. Compared with Hugging Face ``transformers``' GPT-J
+    ``apply_rotary_pos_emb``, which pairs neighbours the same way.
     """
 
 
@@ -206,6 +229,8 @@ def rope(impl):
     reference=_half_reference,
     params=("x", "positions"),
     bugs=_rope_bugs("half"),
+    why="Angles computed in float32, as transformers computes them, stay inside at the "
+    "cases' positions (up to 2,003).",
     chapter="11-position-inside-attention",
 )
 def rope_rotate_half(impl):
@@ -283,6 +308,7 @@ def _slopes_consecutive(num_heads):
     reference=_slopes_reference,
     call=_call_slopes,
     params=("num_heads",),
+    why="Slopes computed in float32 or float64 (a list of Python floats) both pass.",
     bugs=[
         Bug(
             "the slopes are in the wrong order (head 0 gets the smallest)",

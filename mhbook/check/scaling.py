@@ -2,14 +2,16 @@
 interpolation, NTK-aware scaling and YaRN's frequencies.
 
 What is compared: the frequencies ``theta`` (float64, one per pair), and NTK's new base and
-YaRN's attention factor. YaRN's third output in the chapter, ``(low, high, gamma)``, shows
-the ramp for the reader and is not graded: every mistake in it shows in ``theta``.
+YaRN's attention factor, both required. YaRN's third output in the chapter, ``(low, high,
+gamma)``, shows the ramp for the reader and is not graded: every mistake in it shows in
+``theta``.
 
 The expected values are computed in float64 by the formulas, and checked on every case
 against ``transformers``' ``ROPE_INIT_FUNCTIONS`` (``"linear"``, ``"dynamic"`` at the
 length where its factor is the static one, ``"yarn"``), which compute in float32: they
 must agree to float32's precision, or the check itself is wrong and raises. The reader's
-frequencies are then held to float64's.
+frequencies are held to the float64 tolerance of the contracts, which ``transformers``' own
+float32 frequencies meet.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from .grader import Bug, Case, define
 __all__ = ["pi_frequencies", "ntk_frequencies", "yarn_frequencies"]
 
 CHAPTER = "16-long-context"
+_WHY = (
+    "Frequencies computed in float32, as transformers computes them, pass (then returned as "
+    "float64); a number returned (the base, the factor) is held to the float64 tolerance."
+)
 PAIR = {"theta": ("pair",)}
 
 #: (d, base, s): the chapter's heads, odd numbers of pairs, Llama 2's heads.
@@ -96,6 +102,7 @@ def _pi_reference(d, base, s, *, exponent=2.0, per_feature=False, how="interpola
     reference=_pi_reference,
     outputs=("theta",),
     params=("d", "base", "s"),
+    why=_WHY,
     bugs=[
         Bug(
             "the frequencies multiplied by s instead of divided",
@@ -180,6 +187,7 @@ def _ntk_reference(d, base, s, *, power=None, frequencies="new"):
     reference=_ntk_reference,
     outputs=("theta", "new_base"),
     params=("d", "base", "s"),
+    why=_WHY,
     bugs=[
         Bug(
             "the exponent d/(d-2) forgotten: the base multiplied by s",
@@ -226,6 +234,10 @@ def _yarn_cases() -> list[Case]:
         Case("d = 32, base 10,000, s = 4, L = 64", (32, 10000.0, 4.0, 64)),
         Case("Llama 2's: d = 128, base 10,000, s = 8, L = 4096", (128, 10000.0, 8.0, 4096)),
         Case("d = 16, base 500, s = 2.5, L = 48", (16, 500.0, 2.5, 48)),
+        Case(
+            "d = 8, base 100, s = 4, L = 4096: high = 6, above d/2 - 1 = 3",
+            (8, 100.0, 4.0, 4096),
+        ),
         Case(
             "d = 32, base 10,000, s = 8, L = 512, beta_fast = 16, beta_slow = 2",
             (32, 10000.0, 8.0, 512),
@@ -282,6 +294,7 @@ def _yarn_reference(
     reversed_ramp=False,
     rounded=True,
     turn=2 * math.pi,
+    top=None,
     factor=lambda s: 0.1 * math.log(s) + 1,
 ):
     """Written for teaching (and mutated for the bugs): the chapter's ``yarn_by_hand``."""
@@ -294,7 +307,7 @@ def _yarn_reference(
     low, high = pair_turning(beta_fast), pair_turning(beta_slow)
     if rounded:
         low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, d - 1)
+    low, high = max(low, 0), min(high, d - 1 if top is None else top(d))
     gamma = ((high - i) / (high - low)).clamp(0, 1)  # 1: keep theta_i, 0: theta_i / s
     if reversed_ramp:
         gamma = 1 - gamma
@@ -315,6 +328,7 @@ def _yarn_bug(**change):
     reference=_yarn_reference,
     outputs=("theta", "attention_factor"),
     params=("d", "base", "s", "L"),
+    why=_WHY,
     bugs=[
         Bug(
             "the ramp reversed: the fast pairs interpolated and the slow ones kept",
@@ -344,6 +358,13 @@ def _yarn_bug(**change):
             "a pair turns L theta_i / (2 pi) times over L positions: the index that turns r "
             "times is d ln(L / (2 pi r)) / (2 ln base).",
             _yarn_bug(turn=1.0),
+        ),
+        Bug(
+            "high clamped to d/2 - 1, the last pair's index, instead of d - 1",
+            "clamp to [0, d - 1] as YaRN's code and transformers do: high may lie beyond the "
+            "last pair, and then the ramp never reaches 0 (the slowest pair is not divided by "
+            "s in full).",
+            _yarn_bug(top=lambda d: d // 2 - 1),
         ),
     ],
     chapter=CHAPTER,

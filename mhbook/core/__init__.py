@@ -3,11 +3,7 @@ model obeys, bool masks (``True`` = may attend), devices and seeds, and memory m
 
 Imports nothing else of mhbook."""
 
-from . import config, masks, measure, utils, validate
-from .config import *  # noqa: F403
-from .masks import *  # noqa: F403
-from .measure import *  # noqa: F403
-from .utils import *  # noqa: F403
-from .validate import *  # noqa: F403
+from .public import gather
 
-__all__ = [*validate.__all__, *config.__all__, *masks.__all__, *utils.__all__, *measure.__all__]
+#: The modules whose public names this folder offers (and ``mhbook`` with it).
+__all__ = gather(globals(), ("validate", "config", "masks", "utils", "measure"))

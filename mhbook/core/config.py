@@ -34,9 +34,11 @@ __all__ = [
 ]
 
 #: The kinds of position information a model may use.
-#: ``"sinusoidal"`` is added to the embeddings (Vaswani et al., 2017); ``"rope"`` rotates
-#: queries and keys; ``"alibi"`` adds a distance penalty to the scores; ``"none"``.
-POSITIONS = ("sinusoidal", "rope", "alibi", "none")
+#: ``"sinusoidal"`` is added to the embeddings (Vaswani et al., 2017); ``"learned"`` adds a
+#: trained table of ``max_position_embeddings`` rows to them (GPT-2, nanoGPT's GPT);
+#: ``"rope"`` rotates queries and keys; ``"alibi"`` adds a distance penalty to the scores;
+#: ``"none"``.
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 #: The normalisations: LayerNorm (the paper, GPT-2) or RMSNorm (Llama, Mistral, Gemma).
 NORMS = ("layer", "rms")
@@ -141,6 +143,10 @@ class ModelConfig(_Replace):
             ``num_heads`` (multi-head attention), 1 is multi-query attention.
             Must divide ``num_heads``.
         position: one of :data:`POSITIONS`.
+        max_position_embeddings: with ``position="learned"`` (and only then), the rows of
+            the learned position table: the longest sequence the model can read (Hugging
+            Face's name, as in ``GPT2Config``; nanoGPT's ``block_size``). A position past
+            it is refused by name, never wrapped or clipped.
         rope_theta: RoPE's base, ``theta_i = rope_theta^(-2i / d_head)``; used with
             ``position="rope"`` (and latent attention's decoupled RoPE).
         rope_scaling: ``None``, or a :class:`mhbook.RopeScaling` that stretches RoPE
@@ -195,6 +201,16 @@ class ModelConfig(_Replace):
     sinks: int = 0
     global_every: int | None = None
     global_rope_theta: float | None = None
+    max_position_embeddings: int | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        # max_position_embeddings is shown when it is set, which only learned positions allow
+        shown = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.repr or getattr(self, f.name) is not None
+        ]
+        return f"ModelConfig({', '.join(shown)})"
 
     def __post_init__(self) -> None:
         me = "ModelConfig"
@@ -210,6 +226,7 @@ class ModelConfig(_Replace):
         for name in ("norm_first", "tie_embeddings", "scale_embeddings", "bias"):
             check_bool(f"{me}.{name}", getattr(self, name))
         check_choice(f"{me}.position", self.position, POSITIONS)
+        self._check_learned_positions()
         check_choice(f"{me}.norm", self.norm, NORMS)
         check_choice(f"{me}.ffn", self.ffn, FFNS)
         check_heads(self.num_heads, self.num_kv_heads, self.d_model, self.head_dim, prefix=f"{me}.")
@@ -251,6 +268,20 @@ class ModelConfig(_Replace):
             raise ValueError(
                 f"ModelConfig.position='rope' needs an even head size (RoPE rotates pairs), "
                 f"got d_head={self.d_head}"
+            )
+
+    def _check_learned_positions(self) -> None:
+        table = self.max_position_embeddings
+        check_int("ModelConfig.max_position_embeddings", table, 1, optional=True)
+        if self.position == "learned" and table is None:
+            raise ValueError(
+                "ModelConfig.position='learned' needs max_position_embeddings, the rows of its "
+                "position table (the longest sequence it reads; nanoGPT's block_size), got None"
+            )
+        if self.position != "learned" and table is not None:
+            raise ValueError(
+                f"ModelConfig.max_position_embeddings={table} is the length of a learned "
+                f"position table: it needs position='learned', got position={self.position!r}"
             )
 
     def _check_rope_scaling(self) -> None:

@@ -2,10 +2,7 @@
 tensor parallelism (Megatron's split of the heads) and context parallelism (Ulysses, ring
 attention), with the harnesses that check them against one process."""
 
-from . import context_parallel, launch, tensor_parallel, verify
-from .context_parallel import *  # noqa: F403
-from .launch import *  # noqa: F403
-from .tensor_parallel import *  # noqa: F403
-from .verify import *  # noqa: F403
+from ..core.public import gather
 
-__all__ = [*launch.__all__, *tensor_parallel.__all__, *context_parallel.__all__, *verify.__all__]
+#: The modules whose public names this folder offers (and ``mhbook`` with it).
+__all__ = gather(globals(), ("launch", "tensor_parallel", "context_parallel", "verify"))

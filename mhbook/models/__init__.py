@@ -5,23 +5,10 @@ language model, the one generation loop, and the conversions: to and from Huggin
 (:mod:`~mhbook.models.torch_interop`); and a head's circuits read from its weights
 (:mod:`~mhbook.models.circuits`)."""
 
-from . import blocks, circuits, generation, hf, layers, lm, torch_interop, transformer
-from .blocks import *  # noqa: F403
-from .circuits import *  # noqa: F403
-from .generation import *  # noqa: F403
-from .hf import *  # noqa: F403
-from .layers import *  # noqa: F403
-from .lm import *  # noqa: F403
-from .torch_interop import *  # noqa: F403
-from .transformer import *  # noqa: F403
+from ..core.public import gather
 
-__all__ = [
-    *layers.__all__,
-    *blocks.__all__,
-    *transformer.__all__,
-    *lm.__all__,
-    *generation.__all__,
-    *hf.__all__,
-    *torch_interop.__all__,
-    *circuits.__all__,
-]
+#: The modules whose public names this folder offers (and ``mhbook`` with it).
+__all__ = gather(
+    globals(),
+    ("layers", "blocks", "transformer", "lm", "generation", "hf", "torch_interop", "circuits"),
+)

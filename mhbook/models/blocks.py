@@ -336,8 +336,9 @@ class Stack(nn.Module):
     decoder and the decoder-only language model share.
 
     The embedding obeys ``scale_embeddings`` (times ``sqrt(d_model)``), ``position``
-    (``"sinusoidal"`` adds chapter 5's encoding; the others act inside attention) and
-    ``dropout``; the output layer ``bias`` and ``tie_embeddings`` (it then shares the
+    (``"sinusoidal"`` adds chapter 5's encoding, ``"learned"`` a trained table of
+    ``max_position_embeddings`` rows, as GPT-2's ``wpe``; the others act inside attention)
+    and ``dropout``; the output layer ``bias`` and ``tie_embeddings`` (it then shares the
     embedding's matrix).
 
     Args:
@@ -358,11 +359,14 @@ class Stack(nn.Module):
         self.d_model = config.d_model
         self.vocab_size = vocab_size
         self.embedding = nn.Embedding(vocab_size, config.d_model)
+        self.pos_table = None  # position="learned": one trained row per position
         if config.position == "sinusoidal":
             self.pos_encoding = PositionalEncoding(config.d_model, config.dropout)
         else:
             self.pos_encoding = None
             self.dropout = nn.Dropout(config.dropout)
+            if config.position == "learned":
+                self.pos_table = nn.Embedding(config.max_position_embeddings, config.d_model)
         self.blocks = nn.ModuleList(block(config, layer=i) for i in range(config.num_layers))
         self.norm = make_norm(config) if config.norm_first else nn.Identity()
         if output:
@@ -378,14 +382,24 @@ class Stack(nn.Module):
 
     def embed(self, tokens: torch.Tensor, name: str, offset: int = 0) -> torch.Tensor:
         """``(batch, L)`` token ids -> ``(batch, L, d_model)`` embeddings (scaled by
-        ``sqrt(d_model)`` if the config says so), plus the sinusoidal positions from
-        ``offset`` (if the config's position is sinusoidal), then dropout."""
+        ``sqrt(d_model)`` if the config says so), plus the sinusoidal or learned positions
+        ``offset .. offset + L - 1`` (if the config's position is one of those), then
+        dropout."""
         check_tokens(name, tokens, self.vocab_size, self.embedding.weight.device)
         x = self.embedding(tokens)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.d_model)
         if self.pos_encoding is not None:
             return self.pos_encoding(x, offset=offset)
+        if self.pos_table is not None:
+            end = offset + tokens.size(1)
+            if end > self.pos_table.num_embeddings:
+                raise ValueError(
+                    f"{name} reach position {end - 1} (from {offset}), past the learned position "
+                    "table of ModelConfig.max_position_embeddings="
+                    f"{self.pos_table.num_embeddings} rows"
+                )
+            x = x + self.pos_table(torch.arange(offset, end, device=x.device))
         return self.dropout(x)
 
     def rope_tables(

@@ -95,10 +95,11 @@ class DecoderOnlyLM(Stack):
         self._check_cache(cache)
         if valid_lens is not None and cache is not None:
             raise ValueError("valid_lens is for a whole padded sequence: pass it without a cache")
-        if positions is not None and self.config.position == "sinusoidal":
+        if positions is not None and self.config.position in ("sinusoidal", "learned"):
             raise ValueError(
                 "positions are for position='rope' or 'alibi' (inside attention); this model's "
-                "sinusoidal positions are added to the embeddings from cache.length on"
+                f"{self.config.position} positions are added to the embeddings from "
+                "cache.length on"
             )
         past = 0 if cache is None else cache.length
         x = self.embed(tokens, "tokens", offset=past)

@@ -2,17 +2,7 @@
 form for decoder-only models), BLEU, the Tiny Shakespeare corpus with its tokenizers, and
 the copying task of random repeated blocks."""
 
-from . import bleu, copying, number_prompts, numbers, shakespeare
-from .bleu import *  # noqa: F403
-from .copying import *  # noqa: F403
-from .number_prompts import *  # noqa: F403
-from .numbers import *  # noqa: F403
-from .shakespeare import *  # noqa: F403
+from ..core.public import gather
 
-__all__ = [
-    *numbers.__all__,
-    *number_prompts.__all__,
-    *bleu.__all__,
-    *shakespeare.__all__,
-    *copying.__all__,
-]
+#: The modules whose public names this folder offers (and ``mhbook`` with it).
+__all__ = gather(globals(), ("numbers", "number_prompts", "bleu", "shakespeare", "copying"))

@@ -1,7 +1,7 @@
 """BLEU (Papineni et al., 2002), on lists of tokens, scored from 0 to 100.
 
 Hand-written on purpose, so that a reader can see every step; ``sacrebleu`` is the
-well-kept library to use in practice, and ``tests/test_bleu.py`` checks that these
+well-kept library to use in practice, and ``tests/tasks/test_bleu.py`` checks that these
 functions give its numbers (with ``tokenize="none"``).
 
 For each order ``n = 1..4`` the *modified precision* ``p_n`` counts the hypothesis

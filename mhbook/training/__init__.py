@@ -3,17 +3,7 @@ checkpoint (``train_once``), the book's translation model (``book_model``, Part 
 Shakespeare language model (``shakespeare_model``, Part V), and the results of benchmarks the
 chapters plot (``load_measured``)."""
 
-from . import checkpoints, measured, shakespeare_lm, trainer, translation
-from .checkpoints import *  # noqa: F403
-from .measured import *  # noqa: F403
-from .shakespeare_lm import *  # noqa: F403
-from .trainer import *  # noqa: F403
-from .translation import *  # noqa: F403
+from ..core.public import gather
 
-__all__ = [
-    *trainer.__all__,
-    *checkpoints.__all__,
-    *translation.__all__,
-    *shakespeare_lm.__all__,
-    *measured.__all__,
-]
+#: The modules whose public names this folder offers (and ``mhbook`` with it).
+__all__ = gather(globals(), ("trainer", "checkpoints", "translation", "shakespeare_lm", "measured"))

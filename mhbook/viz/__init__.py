@@ -16,17 +16,19 @@ MODULES = ("colours", "plot", "diagrams", "attention_records", "explorers")
 
 
 def _public_names(module: str) -> list[str]:
-    """The ``__all__`` of a module of this package, read from its source."""
+    """The public names of a module of this package, read from its source: its ``__all__``,
+    or for a package the names its ``PUBLIC`` table gathers (:func:`mhbook.core.public.gather`)."""
     folder = Path(__file__).parent
     path = (
         folder / module / "__init__.py" if (folder / module).is_dir() else folder / f"{module}.py"
     )
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(
-            getattr(t, "id", None) == "__all__" for t in node.targets
-        ):
+        targets = [getattr(t, "id", None) for t in getattr(node, "targets", ())]
+        if "__all__" in targets and isinstance(node.value, (ast.List, ast.Tuple)):
             return [ast.literal_eval(e) for e in node.value.elts]
-    raise ValueError(f"{path} has no __all__")
+        if "PUBLIC" in targets:
+            return [name for names in ast.literal_eval(node.value).values() for name in names]
+    raise ValueError(f"{path} has neither a literal __all__ nor a PUBLIC table")
 
 
 #: Every public name -> the module of this package that defines it.

@@ -25,54 +25,25 @@ ipywidgets twins (need a kernel).
 Importing this package does not import matplotlib or ipywidgets; drawing does.
 """
 
-from . import attention, live, masks, passages, positional, softmax, svg, viewer
-from .attention import (
-    attention_explorer,
-    attention_explorer_html,
-    explorer_attention,
-    explorer_presets,
-    explorer_title,
-    explorer_weights,
-    focus_preset,
-)
-from .masks import explorer_mask, mask_explorer, mask_explorer_html, masked_weights
-from .passages import (
-    passage_explorer_html,
-    passage_payload,
-    passage_payload_weights,
-)
-from .positional import positional_explorer, positional_explorer_html
-from .softmax import softmax_explorer, softmax_explorer_html, softmax_stats
-from .viewer import attention_viewer, attention_viewer_html
+from ...core.public import gather
 
-__all__ = [
-    "attention_explorer",
-    "attention_explorer_html",
-    "explorer_weights",
-    "explorer_attention",
-    "explorer_presets",
-    "focus_preset",
-    "explorer_title",
-    "softmax_explorer",
-    "softmax_explorer_html",
-    "softmax_stats",
-    "mask_explorer",
-    "mask_explorer_html",
-    "explorer_mask",
-    "masked_weights",
-    "positional_explorer",
-    "positional_explorer_html",
-    "attention",
-    "live",
-    "softmax",
-    "masks",
-    "positional",
-    "svg",
-    "viewer",
-    "attention_viewer_html",
-    "attention_viewer",
-    "passages",
-    "passage_explorer_html",
-    "passage_payload",
-    "passage_payload_weights",
-]
+#: The explorers' public names, by the module that defines each (``mhbook`` offers them too).
+#: The modules' other names (``svg``'s charts, ``live``'s exports, helpers) stay in their modules.
+PUBLIC = {
+    "attention": (
+        "attention_explorer",
+        "attention_explorer_html",
+        "explorer_weights",
+        "explorer_attention",
+        "explorer_presets",
+        "focus_preset",
+        "explorer_title",
+    ),
+    "softmax": ("softmax_explorer", "softmax_explorer_html", "softmax_stats"),
+    "masks": ("mask_explorer", "mask_explorer_html", "explorer_mask", "masked_weights"),
+    "positional": ("positional_explorer", "positional_explorer_html"),
+    "viewer": ("attention_viewer", "attention_viewer_html"),
+    "passages": ("passage_explorer_html", "passage_payload", "passage_payload_weights"),
+}
+
+__all__ = gather(globals(), PUBLIC)

@@ -12,7 +12,7 @@ Chapter 6 calls :func:`export_translator` on the model it trained, which writes 
 beside the chapter; the book build copies it into the HTML book (``_ext/mhbook_sphinx.py``),
 and the panel fetches it when the reader opens it. :func:`shipped_model` builds the PyTorch
 model of exactly those weights, which the browser test compares with the JavaScript forward
-(``tests/test_browser.py``).
+(``tests/book/test_browser.py``).
 
 Part V's language model runs live the same way (chapter 14): :func:`export_lm` writes the small
 Llama's weights and its 65 characters (:data:`LIVE_LM_FILE`), :func:`shipped_lm` is the PyTorch
@@ -22,7 +22,7 @@ heads and the rolling KV cache of the sliding window, ``decoderOnlyBlock``, ``de
 continues the reader's prompt, sampled at a temperature from a seeded generator (the panel
 opens on 0.8 and seed 0, as chapter 14 samples, since greedy decoding loops) or greedily,
 character by character, with the attention of the last character drawn
-(``tests/test_browser_live_lm.py`` compares it with PyTorch). What both panels share (the
+(``tests/viz/test_browser_live_lm.py`` compares it with PyTorch). What both panels share (the
 weights' loading, ``linear``, ``softmax``, ``argmax``, attention head by head, ``addNorm`` as
 :class:`~mhbook.AddNorm` with ``norm_first``, the cache's bytes, the heatmap, the load on open
 and the console API) is ``static/live_core.js``. Each panel's HTML is a template in ``static/``

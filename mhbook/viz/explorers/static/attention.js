@@ -17,7 +17,7 @@ const matrix = (m) => {
 const times = (A, B) => A.map((row) => B[0].map((_, j) => row.reduce((s, a, k) => s + a * B[k][j], 0)));
 
 // softmax((X W_q)(X W_k)^T / sqrt(d)) and the outputs A (X W_v), one query (row) at a time.
-// The reference is explorer_attention in Python; tests/test_browser.py compares the two.
+// The reference is explorer_attention in Python; tests/book/test_browser.py compares the two.
 function attention(Wq, Wk, Wv) {
   const Q = times(X, Wq);
   const K = times(X, Wk);

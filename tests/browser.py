@@ -1,0 +1,300 @@
+"""What the browser tests share: Debian's Chromium driven by Playwright (nothing is
+downloaded), a tab that records every request, console error and failed response, and the
+accessibility checks (axe-core, as the pinned ``axe-playwright-python`` ships it, and text
+contrast checked colour by colour).
+
+Used by ``tests/book/test_browser.py`` (the built book) and the tests of single panels
+(``tests/viz/test_browser_passages.py``, ``tests/viz/test_browser_live_lm.py``). Without
+Chromium the browser checks are skipped, unless ``CI`` is set: then they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from book_server import ROOT
+
+SCREENSHOTS = Path(os.environ.get("MHBOOK_SCREENSHOTS") or ROOT / "_build" / "screenshots")
+FULL_SCREENSHOTS = os.environ.get("MHBOOK_FULL_SCREENSHOTS", "").strip() not in ("", "0")
+CHROMIUM = (
+    os.environ.get("MHBOOK_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+)
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+TIMEOUT_MS = 30_000
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def no_browser(reason: str):
+    if in_ci():
+        pytest.fail(f"{reason} (CI is set, so the browser test may not be skipped)", pytrace=False)
+    pytest.skip(reason)
+
+
+def launch_chromium():
+    """Debian's Chromium, headless, driven by Playwright: a generator that yields the browser
+    and closes it afterwards (``yield from launch_chromium()`` in a fixture). Skips, or fails
+    when ``CI`` is set, where Chromium or Playwright is missing."""
+    if CHROMIUM is None or not Path(CHROMIUM).exists():
+        no_browser("Chromium is not installed (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        no_browser("the playwright package is not installed")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        yield browser
+        browser.close()
+
+
+class Visit:
+    """A browser tab that records what a page asked for and what went wrong in it.
+
+    Nothing is excused: every console error, uncaught exception, response of 400 or more
+    (``/favicon.ico`` included) and failed request (``about:blank`` included) is recorded, each
+    with the page it happened on. The book's build leaves none (``_ext/mhbook_sphinx.py``:
+    the theme's mode, MathJax 2's blank font, the book's icon).
+    """
+
+    def __init__(self, browser, base_url: str):
+        self.base_url = base_url
+        self.external: list[str] = []
+        self.failed: list[str] = []
+        self.js_errors: list[str] = []
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.page.on(
+            "pageerror", lambda err: self.js_errors.append(f"{self.where}: uncaught: {err}")
+        )
+        self.page.on("console", self._console)
+        self.page.on("response", self._response)
+        self.page.on("requestfailed", self._request_failed)
+
+    @property
+    def where(self) -> str:
+        """The page now open, relative to the book (``chapters/01-....html``)."""
+        url = self.page.url
+        return url[len(self.base_url) :] if url.startswith(self.base_url) else url
+
+    def _console(self, message):
+        if message.type == "error":
+            source = message.location.get("url") or "?"
+            self.js_errors.append(f"{self.where}: console error: {message.text} (from {source})")
+
+    def _route(self, route):
+        url = route.request.url
+        parts = urlsplit(url)
+        if parts.scheme in ("http", "https", "ws", "wss") and parts.hostname not in LOCAL_HOSTS:
+            self.external.append(url)
+            route.abort()
+        else:
+            route.continue_()
+
+    def _response(self, response):
+        if response.status >= 400:
+            self.failed.append(f"{self.where}: {response.status} {response.url}")
+
+    def _request_failed(self, request):
+        if request.url not in self.external:  # those are reported as leaving 127.0.0.1
+            self.failed.append(f"{self.where}: {request.failure} {request.url}")
+
+    def open(self, html: str):
+        self.page.goto(self.base_url + html, wait_until="load")
+        return self.page
+
+    def close(self):
+        self.context.close()
+
+
+# Resolves when MathJax (2 or 3) has typeset the page, "none" when the page has no math,
+# or a sentence saying what went wrong: it never hangs.
+WAIT_FOR_MATHJAX = """
+() => new Promise((resolve) => {
+  if (!document.querySelector(".math")) { resolve("none"); return; }
+  setTimeout(() => resolve("MathJax did not finish typesetting in 30 s"), 30000);
+  const start = Date.now();
+  (function poll() {
+    const MJ = window.MathJax;
+    if (MJ && MJ.Hub && MJ.Hub.Register) {
+      MJ.Hub.Register.StartupHook("End", () => resolve("v2"));  // the first typeset is done
+      return;
+    }
+    if (MJ && MJ.startup && MJ.startup.promise) {
+      MJ.startup.promise.then(() => resolve("v3"));
+      return;
+    }
+    if (Date.now() - start > 20000) { resolve("MathJax never loaded"); return; }
+    setTimeout(poll, 50);
+  })();
+})
+"""
+
+
+# --------------------------------------------------------------------------- accessibility
+
+# axe-core, the accessibility engine of Deque, as the pinned axe-playwright-python ships it
+# (its axe.min.js is injected into the page: nothing is fetched). Violations of impact
+# "serious" or "critical" fail the test.
+AXE_FAILING_IMPACTS = {"serious", "critical"}
+# Known violations that come from the theme (sphinx-book-theme / pydata-sphinx-theme), not from
+# the book's content, as {rule id: reason}; each is checked against the CSS selectors of the
+# elements it flags, so a new violation of the same rule in the book's own content still fails.
+AXE_THEME_ALLOWED: dict[str, tuple[str, str]] = {}
+
+# Highlighted code and outputs, API signatures and inline code hold thousands of spans in a few
+# colours of the theme (chapter 7: 13,000). axe's color-contrast rule takes seconds per thousand
+# nodes (14 s for chapter 7 alone, 20 s for the API page), so in these regions text contrast is
+# checked by colour instead (_colour_problems): every distinct text colour, background, size and
+# weight among their visible text must reach the ratio axe requires. axe checks the rest.
+CONTRAST_BY_COLOUR = (".highlight", ".sig", "code")
+# The API page is the theme's styles over 35,000 autodoc nodes. There axe's color-contrast
+# rule takes 15 s even outside those regions (it first lays out a grid of every element of
+# the page), so the whole page's text is checked by colour.
+CONTRAST_BY_COLOUR_ONLY = {"api": ("body",)}
+
+# {"[colour, [backgrounds from the element up to an opaque one], size, weight, opacity]": an
+# element that has it} for the visible text inside the elements matching the selectors.
+COLOUR_PAIRS = r"""
+(selectors) => {
+  const transparent = (c) => c === "transparent" || /^rgba\(.*,\s*0\)$/.test(c);
+  const layersOf = new Map();
+  const layers = (el) => {
+    if (!el) return ["rgb(255, 255, 255)"];  // the canvas
+    if (!layersOf.has(el)) {
+      const c = getComputedStyle(el).backgroundColor;
+      const up = c.startsWith("rgba") || transparent(c) ? layers(el.parentElement) : [];
+      layersOf.set(el, transparent(c) ? up : [c, ...up]);
+    }
+    return layersOf.get(el);
+  };
+  const found = {};
+  for (const el of document.querySelectorAll(selectors.map((s) => `${s}, ${s} *`).join(", "))) {
+    if (el.closest("svg") || !el.getClientRects().length) continue;  // not rendered as text
+    if (!Array.from(el.childNodes).some((n) => n.nodeType === 3 && n.textContent.trim())) continue;
+    const s = getComputedStyle(el);
+    if (s.visibility !== "visible") continue;
+    const key = JSON.stringify([s.color, layers(el), s.fontSize, s.fontWeight, s.opacity]);
+    if (!(key in found)) found[key] = `<${el.tagName.toLowerCase()} class="${el.className}">`;
+  }
+  return found;
+}
+"""
+
+
+def _rgba(css: str) -> tuple[float, float, float, float]:
+    m = re.fullmatch(r"rgba?\(([\d.]+), ([\d.]+), ([\d.]+)(?:, ([\d.]+))?\)", css)
+    if m is None:
+        raise ValueError(f"a colour this test cannot read: {css!r}")
+    r, g, b, a = m.groups()
+    return float(r), float(g), float(b), 1.0 if a is None else float(a)
+
+
+def _over(top: tuple, bottom: tuple) -> tuple:
+    """``top`` (with its alpha) painted over the opaque ``bottom``."""
+    a = top[3]
+    return (*(a * t + (1 - a) * b for t, b in zip(top[:3], bottom[:3])), 1.0)
+
+
+def _luminance(rgb: tuple) -> float:
+    """WCAG 2's relative luminance of an sRGB colour (channels 0-255)."""
+    c = [v / 255 for v in rgb[:3]]
+    c = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
+    return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+
+
+def contrast_ratio(colour: str, backgrounds: list[str], opacity: float = 1.0) -> float:
+    """WCAG 2's contrast ratio of text in CSS ``colour`` over ``backgrounds`` (the element's
+    own first, down to an opaque one)."""
+    background = _rgba(backgrounds[-1])
+    for layer in reversed(backgrounds[:-1]):
+        background = _over(_rgba(layer), background)
+    r, g, b, a = _rgba(colour)
+    text = _over((r, g, b, a * opacity), background)
+    lighter, darker = sorted((_luminance(text), _luminance(background)), reverse=True)
+    return (lighter + 0.05) / (darker + 0.05)
+
+
+def _colour_problems(tab, selectors: tuple[str, ...] = CONTRAST_BY_COLOUR) -> list[str]:
+    """Text in the CONTRAST_BY_COLOUR regions below axe's color-contrast thresholds (WCAG AA:
+    4.5, or 3 for large text: 24 px, or 18.66 px bold)."""
+    problems = []
+    for key, element in tab.evaluate(COLOUR_PAIRS, list(selectors)).items():
+        colour, backgrounds, size, weight, opacity = json.loads(key)
+        size, weight = float(size.removesuffix("px")), int(weight)
+        needed = 3.0 if size >= 24 or (size >= 18.66 and weight >= 700) else 4.5
+        ratio = contrast_ratio(colour, backgrounds, float(opacity))
+        if ratio < needed:
+            problems.append(
+                f"contrast {ratio:.2f} < {needed} for {colour} on {backgrounds[0]} "
+                f"({size:g}px, weight {weight}), e.g. {element}"
+            )
+    return problems
+
+
+def _axe_violations(tab, contrast_by_colour: tuple[str, ...] = CONTRAST_BY_COLOUR) -> list[dict]:
+    try:
+        from axe_playwright_python.sync_playwright import Axe
+    except ImportError:
+        no_browser("axe-playwright-python is not installed (pip install -r requirements.txt)")
+    tab.evaluate(WAIT_FOR_MATHJAX)  # judge the page as the reader sees it, math typeset
+    axe = Axe()
+    everything_else = {
+        "resultTypes": ["violations"],
+        "rules": {"color-contrast": {"enabled": False}},
+    }
+    contrast = {
+        "resultTypes": ["violations"],
+        "runOnly": {"type": "rule", "values": ["color-contrast"]},
+    }
+    violations = axe.run(tab, options=everything_else).response["violations"]
+    if contrast_by_colour != ("body",):
+        outside = {"exclude": [[selector] for selector in contrast_by_colour]}
+        violations += axe.run(tab, context=outside, options=contrast).response["violations"]
+    found = []
+    for violation in violations:
+        if violation["impact"] not in AXE_FAILING_IMPACTS:
+            continue
+        allowed = AXE_THEME_ALLOWED.get(violation["id"])
+        nodes = [
+            node
+            for node in violation["nodes"]
+            if allowed is None or not any(allowed[0] in target for target in node["target"])
+        ]
+        if nodes:
+            found.append({**violation, "nodes": nodes})
+    return found
+
+
+def axe_problems(tab, contrast_by_colour: tuple[str, ...] = CONTRAST_BY_COLOUR) -> list[str]:
+    """axe-core's serious or critical violations on the page (theme issues aside), and text of
+    too little contrast where it is checked by colour (``contrast_by_colour``: CSS selectors;
+    ``("body",)``, the whole page, leaves axe's color-contrast rule out), as lines."""
+    lines = [f"colour contrast: {problem}" for problem in _colour_problems(tab, contrast_by_colour)]
+    for v in _axe_violations(tab, contrast_by_colour):
+        lines.append(f"axe-core: {v['id']} ({v['impact']}, {len(v['nodes'])}x): {v['help']}")
+        for node in v["nodes"][:3]:
+            lines.append(f"    {', '.join(node['target'])}: {node['html'][:160]}")
+    return lines
