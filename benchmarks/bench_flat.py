@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhbook import ModelConfig, sinusoidal_encoding
-from mhbook.models.layers import _dropout  # the book's own dropout
+from mhbook.models.layers import Dropout  # the book's own dropout
 
 __all__ = ["FlatTransformer", "TorchTransformer"]
 
@@ -72,6 +72,7 @@ class FlatTransformer(nn.Module):
         self.decoder.output = nn.Linear(config.d_model, tgt_vocab_size)
         P = sinusoidal_encoding(MAX_LENGTH, config.d_model)
         self.register_buffer("P", P, persistent=False)
+        self.dropout = Dropout(config.dropout)  # every dropout site's: the same p and mode
 
     def forward(self, src, tgt_in, src_valid_lens):
         positions = torch.arange(src.size(1), device=src.device)
@@ -90,7 +91,7 @@ class FlatTransformer(nn.Module):
 
     def _embed(self, embedding, tokens):
         x = embedding(tokens) * math.sqrt(self.config.d_model)
-        return _dropout(x + self.P[: tokens.size(1)], self.config.dropout, self.training)
+        return self.dropout(x + self.P[: tokens.size(1)])
 
     def _attend(self, w, x, memory, mask, is_causal=False):
         (B, L, d), S, h = x.shape, memory.size(1), self.config.num_heads
@@ -106,7 +107,7 @@ class FlatTransformer(nn.Module):
         return w.linear2(torch.relu(w.linear1(x)))
 
     def _add_norm(self, w, x, sublayer_output):
-        return w.norm(x + _dropout(sublayer_output, self.config.dropout, self.training))
+        return w.norm(x + self.dropout(sublayer_output))
 
 
 class TorchTransformer(nn.Module):

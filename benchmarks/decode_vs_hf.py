@@ -8,7 +8,8 @@ random weights and 65 tokens, exports it with :func:`mhbook.lm_to_hf` (the same 
 ``transformers.LlamaForCausalLM``), checks that both write the same tokens, then times greedy
 decoding of ``--new`` tokens after a 16-token prompt at batch 1 and 8, the two alternating
 round after round so that the machine's noise hits both. It prints the median seconds of each
-and HF / mhbook (above 1: mhbook is faster).
+and HF / mhbook (above 1: mhbook is faster), wall-clock and in CPU time of the thread (with
+one thread, each side's own work, less disturbed by other processes on a shared machine).
 
 Both run with a KV cache, in eval mode, under ``torch.inference_mode``, on one thread by
 default. HF's ``generate`` is called with ``do_sample=False``, ``min_new_tokens`` =
@@ -60,10 +61,11 @@ def decoders(model, hf, new_tokens: int) -> dict:
     return {"mhbook": ours, "HF": theirs}
 
 
-def seconds(fn, prompt) -> float:
-    start = time.perf_counter()
+def seconds(fn, prompt) -> tuple[float, float]:
+    """Wall-clock and CPU seconds of this thread (``time.thread_time``) of ``fn(prompt)``."""
+    wall, cpu = time.perf_counter(), time.thread_time()
     fn(prompt)
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.thread_time() - cpu
 
 
 def main(argv=None) -> dict[int, float]:
@@ -87,13 +89,16 @@ def main(argv=None) -> dict[int, float]:
             for _ in range(args.rounds):
                 for name, fn in runs.items():
                     times[name].append(seconds(fn, prompt))
-            median = {name: statistics.median(t) for name, t in times.items()}
+            median = {name: statistics.median(w for w, _ in t) for name, t in times.items()}
+            cpu = {name: statistics.median(c for _, c in t) for name, t in times.items()}
             ratios[batch] = median["HF"] / median["mhbook"]
             print(
                 f"batch {batch}, {PROMPT}-token prompt, {args.new} new tokens, greedy, "
                 f"{args.threads} thread(s), median of {args.rounds}:\n"
                 f"  mhbook.generate {median['mhbook']:.3f} s, HF generate {median['HF']:.3f} s, "
-                f"HF / mhbook = {ratios[batch]:.2f} (same tokens: {same})"
+                f"HF / mhbook = {ratios[batch]:.2f} (same tokens: {same}); CPU time of the "
+                f"thread: {cpu['mhbook']:.3f} s and {cpu['HF']:.3f} s, "
+                f"HF / mhbook = {cpu['HF'] / cpu['mhbook']:.2f}"
             )
             assert same, "mhbook and its Hugging Face export wrote different tokens"
     return ratios

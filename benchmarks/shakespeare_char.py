@@ -1,6 +1,7 @@
 """nanoGPT's ``shakespeare_char`` CPU quick-start with the book's modern block.
 
     python -m benchmarks.shakespeare_char [--threads N] [--steps 2000] [--gpt] [--profile]
+                                          [--rounds 40] [--round-steps 3]
 
 Trains :data:`mhbook.SHAKESPEARE_MODEL` (4 layers, 4 query heads and 2 key/value heads,
 ``d_model`` 128, RMSNorm, SwiGLU, RoPE, no biases) on Tiny Shakespeare's characters at
@@ -14,9 +15,12 @@ Before training, it times steps of the modern block against a plain GPT of the s
 (LayerNorm, GELU feed-forward of ``4 d_model``, biases, four key/value heads, sinusoidal
 positions added to the embeddings: ``mhbook.ModelConfig``'s 2017 choices in pre-norm form),
 alternating the two round after round so that the machine's noise hits both, and prints
-the ratio of their step times. ``--gpt`` also trains the GPT for the same steps, to compare
-the losses the two blocks reach; ``--profile`` prints where each one's step spends its time
-(the PyTorch ops with the most time of their own); ``--steps 0`` trains neither.
+the median and quartiles of the rounds' ratios of their step times, wall-clock and in CPU
+time of the thread (less disturbed by other processes on a shared machine; with one torch
+thread it is the step's own work). ``--gpt`` also trains
+the GPT for the same steps, to compare the losses the two blocks reach; ``--profile``
+prints where each one's step spends its time (the PyTorch ops with the most time of their
+own); ``--steps 0`` trains neither.
 
 A benchmark, not a test: timings depend on the machine. Its goal (issue 23): a validation
 loss at or below 1.88, at a step at least as fast as the plain GPT's.
@@ -59,22 +63,31 @@ def training_parts(config, data):
     return model, optimizer, scheduler, data.batches("train", SHAKESPEARE_TRAIN.batch_size)
 
 
-def step_times(configs: dict, data, rounds: int, steps: int) -> dict[str, float]:
-    """Median seconds per training step of each config, the configs alternating round by
-    round (``steps`` steps each per round, after one warm-up round)."""
+def step_times(configs: dict, data, rounds: int, steps: int) -> dict[str, dict[str, list[float]]]:
+    """Seconds per training step of each config in every round, the configs alternating
+    round by round (``steps`` steps each per round, in forward order on even rounds and
+    reverse order on odd ones, after one warm-up round): the steps of one round ran under
+    the same load, so their ratio is paired.
+
+    Returns ``{"wall": {name: [...]}, "cpu": {name: [...]}}``: wall-clock seconds, and the
+    CPU seconds of this thread (``time.thread_time``: with one torch thread, the step's own
+    work, without the time other processes took the core).
+    """
     runs = {}
     for name, config in configs.items():
         runs[name] = training_parts(config, data)
-    times: dict[str, list[float]] = {name: [] for name in configs}
+    times: dict[str, dict[str, list[float]]] = {"wall": {}, "cpu": {}}
     for r in range(rounds + 1):
-        for name, (model, optimizer, scheduler, batches) in runs.items():
-            start = time.perf_counter()
+        for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+            model, optimizer, scheduler, batches = runs[name]
+            wall, cpu = time.perf_counter(), time.thread_time()
             for _ in range(steps):
                 batch = next(batches)
                 train_step(model, batch, lm_loss, optimizer, scheduler, 1.0)
             if r > 0:  # round 0 warms up
-                times[name].append((time.perf_counter() - start) / steps)
-    return {name: statistics.median(t) for name, t in times.items()}
+                times["wall"].setdefault(name, []).append((time.perf_counter() - wall) / steps)
+                times["cpu"].setdefault(name, []).append((time.thread_time() - cpu) / steps)
+    return times
 
 
 def profile_steps(configs: dict, data, steps: int = 10, rows: int = 8) -> None:
@@ -116,7 +129,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the step timing")
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of the step timing")
+    parser.add_argument("--round-steps", type=int, default=3, help="steps per model and round")
     parser.add_argument("--gpt", action="store_true", help="also train the plain GPT")
     parser.add_argument("--profile", action="store_true", help="where a step's time goes")
     args = parser.parse_args()
@@ -130,10 +144,21 @@ def main() -> None:
     )
     print(f"baselines: unigram {base['unigram']:.3f}, bigram {base['bigram']:.3f} nats/char")
     configs = {"modern": SHAKESPEARE_MODEL, "gpt": GPT_MODEL}
-    times = step_times(configs, data, rounds=args.rounds, steps=20)
-    for name, seconds in times.items():
-        print(f"step time, {name}: {seconds * 1000:.1f} ms")
-    print(f"step time ratio gpt/modern: {times['gpt'] / times['modern']:.2f} (>= 1: modern faster)")
+    times = step_times(configs, data, rounds=args.rounds, steps=args.round_steps)
+    for clock, label in (("wall", "wall-clock"), ("cpu", "CPU time of the thread")):
+        modern, gpt = times[clock]["modern"], times[clock]["gpt"]
+        q1, median, q3 = statistics.quantiles(
+            [g / m for g, m in zip(gpt, modern)], n=4, method="inclusive"
+        )
+        print(
+            f"step time, {label}: modern {statistics.median(modern) * 1000:.1f} ms, gpt "
+            f"{statistics.median(gpt) * 1000:.1f} ms; ratio gpt/modern {median:.2f} "
+            f"[{q1:.2f}, {q3:.2f}]"
+        )
+    print(
+        f"(medians [quartiles] of {args.rounds} rounds of {args.round_steps} steps each; "
+        "ratio >= 1: modern faster)"
+    )
     if args.profile:
         profile_steps(configs, data)
     if args.steps == 0:

@@ -450,3 +450,65 @@ def test_model_config_divisibility_only_without_head_dim():
     with pytest.raises(ValueError, match=shapes("divisible", "d_model=10", "num_heads=3")):
         mhbook.ModelConfig(d_model=10, num_heads=3)
     assert mhbook.ModelConfig(d_model=10, num_heads=3, head_dim=4).d_head == 4
+
+
+# -- issue 38, section 4: two bad inputs, as a new user meets them --------------------------
+def test_a_rope_of_another_head_size_is_refused_when_the_layer_is_built():
+    """8 features in 2 heads are heads of 4: a rotary embedding of 6 would fail only in the
+    forward pass, with PyTorch's "size of tensor a (4) must match ... (6)"."""
+    with pytest.raises(ValueError, match=shapes("d_head=6", "d_head=4", "RotaryEmbedding(4)")):
+        mhbook.MultiHeadAttention(8, 2, rope=mhbook.RotaryEmbedding(6))
+    mhbook.MultiHeadAttention(8, 2, rope=mhbook.RotaryEmbedding(4))  # the right size
+    # Latent attention's decoupled RoPE part: d_rope features.
+    with pytest.raises(ValueError, match=shapes("d_head=6", "d_rope=8", "RotaryEmbedding(8)")):
+        mhbook.MultiHeadLatentAttention(32, 4, 16, d_rope=8, rope=mhbook.RotaryEmbedding(6))
+    with pytest.raises(ValueError, match=shapes("d_head=8", "d_rope=0")):
+        mhbook.MultiHeadLatentAttention(32, 4, 16, rope=mhbook.RotaryEmbedding(8))
+    with pytest.raises(TypeError, match="rope must be None or a mhbook.RotaryEmbedding, got"):
+        mhbook.MultiHeadAttention(8, 2, rope=torch.nn.Identity())
+
+
+def _windowed_lms(**configs):
+    """Language models of the same weights, one per config change."""
+    base = mhbook.ModelConfig(
+        d_model=16, num_heads=4, num_layers=2, d_ff=32, norm_first=True, position="rope"
+    )
+    models = {}
+    for name, changes in configs.items():
+        torch.manual_seed(0)
+        models[name] = mhbook.DecoderOnlyLM(base.replace(**changes), 20).eval()
+    return models
+
+
+def test_a_cache_that_dropped_tokens_is_refused_by_a_layer_that_needs_them():
+    """A model with window=4 fills a cache with 10 tokens (it keeps 4); a full-attention
+    model with the same weights would attend to those 4 and give a finite, wrong answer."""
+    lms = _windowed_lms(
+        local={"window": 4}, full={}, wider={"window": 6}, sinks={"window": 4, "sinks": 2}
+    )
+    tokens = torch.randint(0, 20, (2, 11), generator=torch.Generator().manual_seed(0))
+    cache = lms["local"].new_cache()
+    lms["local"](tokens[:, :10], cache=cache)
+    assert cache.length == 10 and all(layer.num_kept == 4 for layer in cache.layers)
+    for name, layer in (("full", "full attention (window=None)"), ("wider", "window=6")):
+        with pytest.raises(ValueError, match=shapes("last 4 of the 10 tokens", "window=4", layer)):
+            lms[name](tokens[:, 10:], cache=cache.copy())
+    with pytest.raises(ValueError, match=shapes("window=4, sinks=2", "needs tokens it dropped")):
+        lms["sinks"](tokens[:, 10:], cache=cache.copy())
+    # The model that filled it reads it on, and a cache that dropped nothing suits any model.
+    lms["local"](tokens[:, 10:], cache=cache.copy())
+    fresh = lms["full"].new_cache()
+    lms["local"](tokens[:, :3], cache=fresh)
+    lms["full"](tokens[:, 3:4], cache=fresh)
+
+
+def test_a_narrower_window_reads_a_wider_windows_cache():
+    """What a layer needs is the last window - 1 tokens: a window of 3 finds them in a cache
+    of window 4, and (one layer: the same keys) gives what it gives on the whole text."""
+    lms = _windowed_lms(wide={"window": 4, "num_layers": 1}, narrow={"window": 3, "num_layers": 1})
+    tokens = torch.randint(0, 20, (2, 11), generator=torch.Generator().manual_seed(1))
+    cache = lms["wide"].new_cache()
+    lms["wide"](tokens[:, :10], cache=cache)
+    step = lms["narrow"](tokens[:, 10:], cache=cache)
+    torch.testing.assert_close(step[:, -1], lms["narrow"](tokens)[:, -1])
+    assert cache.layers[0].num_kept == 3  # now it keeps what the narrower layer keeps

@@ -346,3 +346,52 @@ def test_the_import_reader_works():
     }
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def _private_names_imported(source: str) -> list[str]:
+    """Private names (``_x``, not ``__x__``) a module of mhbook takes from another one of
+    mhbook: ``from .m import _x`` and ``m._x`` for a module ``m`` it imported from mhbook
+    (PyTorch's own private names are another matter)."""
+    tree = ast.parse(source)
+    found, modules = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            ours = node.level > 0 or (node.module or "").startswith("mhbook")
+        else:
+            ours = isinstance(node, ast.Import) and node.names[0].name.startswith("mhbook")
+        if not ours:
+            continue
+        for alias in node.names:
+            private = alias.name.startswith("_") and not alias.name.startswith("__")
+            if isinstance(node, ast.ImportFrom) and private:
+                found.append(f"line {node.lineno}: from {node.module or '.'} import {alias.name}")
+            modules.add((alias.asname or alias.name).split(".")[0])
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+        ):
+            found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    """A name with a leading underscore is its module's own: no module of mhbook imports
+    one from another module (what two modules share is a public name)."""
+    crossing = {
+        str(path.relative_to(ROOT)): _private_names_imported(path.read_text(encoding="utf-8"))
+        for path in sorted((ROOT / "mhbook").rglob("*.py"))
+    }
+    assert {path: found for path, found in crossing.items() if found} == {}
+
+
+def test_the_private_name_detector_works():
+    source = "from .cache import _append, trim\nfrom . import viewer\nviewer._pack(1)\n"
+    source += "self._own()\nx.__class__\nimport torch\ntorch._C\n"
+    assert _private_names_imported(source) == [
+        "line 1: from cache import _append",
+        "line 3: viewer._pack",
+    ]

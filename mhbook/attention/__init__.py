@@ -7,4 +7,6 @@ Imports only :mod:`mhbook.core`."""
 from ..core.public import gather
 
 #: The modules whose public names this folder offers (and ``mhbook`` with it).
-__all__ = gather(globals(), ("sdpa", "rope", "alibi", "cache", "multihead", "mla"))
+__all__ = gather(
+    globals(), ("sdpa", "rope", "alibi", "cache", "base", "streaming", "multihead", "mla")
+)

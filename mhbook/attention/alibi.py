@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from ..core.validate import check_int, check_integers
+from ..core.validate import check_int, check_integers, check_module
 
 __all__ = ["alibi_slopes", "ALiBi"]
 
@@ -80,12 +80,12 @@ class ALiBi(nn.Module):
             q_positions: integer ``(T,)`` positions of the queries, or ``(batch, T)`` for
                 one row of positions per sequence.
             k_positions: integer ``(S,)`` positions of the keys, or ``(batch, S)``; on
-                the same device, with as many dimensions as ``q_positions``.
+                the same device.
             dtype: of the bias (the scores' dtype).
 
         Returns:
-            A float bias ``(num_heads, T, S)`` (or ``(batch, num_heads, T, S)``) to add to
-            the scaled scores.
+            A float bias ``(num_heads, T, S)``, or ``(batch, num_heads, T, S)`` when either
+            positions have a batch dimension, to add to the scaled scores.
         """
         for name, p in (("q_positions", q_positions), ("k_positions", k_positions)):
             if not isinstance(p, torch.Tensor) or p.dim() not in (1, 2):
@@ -99,15 +99,25 @@ class ALiBi(nn.Module):
                 f"q_positions and k_positions must be on the same device, got "
                 f"{q_positions.device} and {k_positions.device}"
             )
-        if q_positions.dim() != k_positions.dim() or (
-            q_positions.dim() == 2 and q_positions.size(0) != k_positions.size(0)
+        if q_positions.dim() == k_positions.dim() == 2 and q_positions.size(0) != k_positions.size(
+            0
         ):
             raise ValueError(
                 f"q_positions {tuple(q_positions.shape)} and k_positions "
-                f"{tuple(k_positions.shape)} must both be (T,) and (S,), or both (batch, ...)"
+                f"{tuple(k_positions.shape)} must have the same batch size"
             )
         slopes = alibi_slopes(self.num_heads, device=q_positions.device, dtype=dtype)
         # Negated as integers, so that a distance of 0 gives 0.0, not -0.0.
-        distance = q_positions.unsqueeze(-1) - k_positions.unsqueeze(-2)  # (..., T, S)
+        distance = q_positions.unsqueeze(-1) - k_positions.unsqueeze(-2)  # ([batch,] T, S)
         minus_distance = -distance.abs().unsqueeze(-3)  # (..., 1, T, S)
         return slopes[:, None, None] * minus_distance.to(dtype)
+
+
+def check_alibi(alibi, num_heads: int) -> None:
+    """A layer's ``alibi`` must be ``None`` or a module with one slope per query head."""
+    check_module("alibi", alibi)
+    if alibi is not None and getattr(alibi, "num_heads", num_heads) != num_heads:
+        raise ValueError(
+            f"alibi must give one slope per query head: got an ALiBi of "
+            f"num_heads={alibi.num_heads} for a layer of num_heads={num_heads}"
+        )

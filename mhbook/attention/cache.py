@@ -27,7 +27,8 @@ A layer cache holds
   keys and values of the last ``window`` tokens (a rolling cache for sliding-window
   attention), but ``length`` still counts every token, so that it stays the next token's
   position. With ``sinks`` as well it also keeps the first ``sinks`` tokens for good
-  (attention sinks, Xiao et al., 2023);
+  (attention sinks, Xiao et al., 2023). A cache that dropped tokens refuses an update by a
+  layer that would need them (a wider window, more sinks, or full attention);
 * ``memory_keys`` and ``memory_values`` ``(batch, h, S_src, d_head)``: in an
   encoder-decoder, the encoder output projected once by the cross-attention's ``W_k``
   and ``W_v``, on the first step (``None`` in a decoder-only model).
@@ -58,6 +59,9 @@ class LayerCache:
             Keys before RoPE for a layer with sinks (it positions them within the cache).
         latent: ``(batch, S, d_latent)`` instead of keys and values (latent attention).
         length: tokens seen so far, kept or not.
+        kept_sinks: once tokens were dropped (``num_kept < length``), how many of the first
+            tokens are kept for good; the other ``num_kept - kept_sinks`` kept ones are the
+            most recent.
         memory_keys, memory_values: ``(batch, h_kv, S_src, d_head)``, the projected encoder
             output for cross-attention, or ``None`` (:meth:`memory`).
         positions: ``(S,)`` or ``(batch, S)`` integer positions of the kept keys, kept only for
@@ -73,6 +77,7 @@ class LayerCache:
         self.values: torch.Tensor | None = None
         self.latent: torch.Tensor | None = None
         self.length = 0
+        self.kept_sinks = 0
         self.memory_keys: torch.Tensor | None = None
         self.memory_values: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
@@ -85,7 +90,7 @@ class LayerCache:
         *,
         window: int | None = None,
         sinks: int = 0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Add the keys and values of new tokens.
 
         Args:
@@ -100,12 +105,18 @@ class LayerCache:
                 (StreamingLLM's attention sinks): ``S <= sinks + window``, the sinks first.
 
         Returns:
-            ``(keys, values)`` ``(batch, h_kv, S + T, ...)``: the kept ones followed by
-            the new ones, in time order: what the new queries attend to. (With a
-            ``window`` the cache then keeps only the first ``sinks`` and the last
-            ``window`` of them; the new queries still get all, since the first of ``T``
-            new tokens needs older keys than the last one. Mask them with
-            ``causal_mask(T, S + T, window=window, sinks=sinks)``.)
+            ``(keys, values, positions)``: keys and values ``(batch, h_kv, S + T, ...)``,
+            the kept ones followed by the new ones, in time order: what the new queries
+            attend to; and their positions ``(S + T,)`` or ``(batch, S + T)`` when
+            ``positions`` are given, else ``None``. (With a ``window`` the cache then
+            keeps only the first ``sinks`` and the last ``window`` of them; the new queries
+            still get all, since the first of ``T`` new tokens needs older keys than the
+            last one. Mask them with ``causal_mask(T, S + T, window=window, sinks=sinks)``.)
+
+        Raises:
+            ValueError: if the cache dropped tokens that a layer of this ``window`` and
+                ``sinks`` needs (e.g. it rolled with a window of 4 and the update is full
+                attention's).
         """
         check_window(window, sinks)
         self._refuse_mixing("keys and values", self.latent, "a latent")
@@ -121,13 +132,14 @@ class LayerCache:
                 "positions must be passed at every update of a cache or at none: this cache "
                 f"holds {'no ' if self.positions is None else ''}positions of its keys"
             )
+        self._check_holds(window, sinks)
         if positions is not None:
             positions = _append_positions(self.positions, positions)
             self.positions = _trim(positions, -1, window, sinks)
         keys, values = _append(self.keys, k, dim=2), _append(self.values, v, dim=2)
         self.keys, self.values = _trim(keys, 2, window, sinks), _trim(values, 2, window, sinks)
-        self.length += k.size(2)
-        return keys, values
+        self._count(k.size(2), sinks)
+        return keys, values, positions
 
     def memory(self, project) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention's keys and values of the encoder output: ``project()`` gives
@@ -146,10 +158,38 @@ class LayerCache:
         check_window(window, sinks)
         self._refuse_mixing("a latent", self.keys, "keys and values")
         _check_new("c", c, 3, self.latent)
+        self._check_holds(window, sinks)
         latent = _append(self.latent, c, dim=1)
         self.latent = _trim(latent, 1, window, sinks)
-        self.length += c.size(1)
+        self._count(c.size(1), sinks)
         return latent
+
+    def _count(self, new: int, sinks: int) -> None:
+        """Count ``new`` tokens; once some are dropped, the first ``sinks`` stay for good."""
+        self.length += new
+        if self.num_kept < self.length:
+            self.kept_sinks = sinks
+
+    def _check_holds(self, window: int | None, sinks: int) -> None:
+        """Refuse an update by a layer of ``window`` and ``sinks`` that needs tokens this
+        cache dropped: the first ``sinks`` and the last ``window - 1`` tokens seen (all of
+        them for ``window=None``), since a query sees itself and ``window - 1`` before."""
+        if self.num_kept == self.length:  # nothing dropped
+            return
+        recent = self.num_kept - self.kept_sinks
+        needs_recent = self.length if window is None else min(window - 1, self.length)
+        if needs_recent <= recent and min(sinks, self.length) <= self.kept_sinks:
+            return
+        held = f"the last {recent}" + (
+            f" and the first {self.kept_sinks}" if self.kept_sinks else ""
+        )
+        kept = f"window={recent}" + (f", sinks={self.kept_sinks}" if self.kept_sinks else "")
+        layer = "full attention (window=None)" if window is None else f"window={window}"
+        raise ValueError(
+            f"this cache holds {held} of the {self.length} tokens it has seen (filled by a "
+            f"layer with {kept}); a layer with {layer}{f', sinks={sinks}' if sinks else ''} "
+            "needs tokens it dropped: fill a cache with the model that reads it"
+        )
 
     def _refuse_mixing(self, new: str, held: torch.Tensor | None, kind: str) -> None:
         if held is not None:

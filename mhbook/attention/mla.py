@@ -47,9 +47,9 @@ from torch import nn
 
 from ..core.masks import causal_mask, check_mask
 from ..core.validate import check_features, check_heads, check_int, check_number, check_window
+from .base import AttentionLayer, check_cache, check_rope
 from .cache import LayerCache
-from .multihead import AttentionLayer
-from .rope import RotaryEmbedding
+from .rope import apply_rope
 from .sdpa import attend
 
 __all__ = ["MultiHeadLatentAttention"]
@@ -73,12 +73,13 @@ class MultiHeadLatentAttention(AttentionLayer):
         d_v: size of a head's value (``v_head_dim``); ``None`` means ``d_head``.
         d_q_latent: size of the query latent (``q_lora_rank``); ``None``: the queries
             are projected from ``x`` directly.
-        rope_theta: the RoPE base, ``theta_i = rope_theta^(-2i / d_rope)``.
+        rope: with ``d_rope``, ``None`` (inside a model, which hands :meth:`forward` its
+            tables) or the layer's own :class:`mhbook.RotaryEmbedding` of ``d_rope``
+            features (a layer that stands alone), e.g. ``RotaryEmbedding(d_rope,
+            interleaved=True)``: adjacent pairs ``(x0, x1), (x2, x3), ...`` as the RoFormer
+            paper and DeepSeek rotate them.
         window, sinks: a local layer's sliding window and attention sinks, as in
             :class:`mhbook.MultiHeadAttention` (the layer masks and keeps its latents so).
-        rope_interleaved: rotate adjacent pairs ``(x0, x1), (x2, x3), ...`` as the RoFormer
-            paper and DeepSeek do (``True``), or Llama's halves ``(x_i, x_{i + d/2})``
-            (see :class:`mhbook.RotaryEmbedding`).
         absorb: compute attention in the absorbed form (see the module's docstring).
         norm_eps: epsilon of the latents' RMS norms.
 
@@ -88,7 +89,8 @@ class MultiHeadLatentAttention(AttentionLayer):
         W_qr: ``nn.Linear(d_q, num_heads * d_rope)`` (only with ``d_rope > 0``).
         W_dkv: ``nn.Linear(d_model, d_latent)`` and ``kv_norm`` ``nn.RMSNorm(d_latent)``.
         W_kr: ``nn.Linear(d_model, d_rope)`` (only with ``d_rope > 0``).
-        rope: the :class:`mhbook.RotaryEmbedding` of the decoupled part (``d_rope > 0``).
+        rotary: ``d_rope > 0``: the decoupled part is rotated, by ``rope``'s tables or by
+            those the model hands to :meth:`forward`.
         W_uk: ``nn.Linear(d_latent, num_heads * d_head)``.
         W_uv: ``nn.Linear(d_latent, num_heads * d_v)``.
         W_o: ``nn.Linear(num_heads * d_v, d_model)``.
@@ -112,8 +114,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         d_rope: int = 0,
         d_v: int | None = None,
         d_q_latent: int | None = None,
-        rope_theta: float = 10000.0,
-        rope_interleaved: bool = True,
+        rope: nn.Module | None = None,
         absorb: bool = False,
         norm_eps: float = 1e-6,
         window: int | None = None,
@@ -136,6 +137,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         check_window(window, sinks)
         if d_rope % 2 != 0:
             raise ValueError(f"d_rope must be even (RoPE rotates pairs), got {d_rope}")
+        check_rope(rope, d_rope, size_name="d_rope")
         check_number("dropout", dropout, 0.0, 1.0)
         self.d_model = d_model
         self.num_heads = num_heads
@@ -157,7 +159,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         self.W_q = nn.Linear(d_q, h * self.d_head, bias=False)
         if d_rope:
             self.W_qr = nn.Linear(d_q, h * d_rope, bias=False)
-            self.rope = RotaryEmbedding(d_rope, rope_theta, interleaved=rope_interleaved)
+        self.rope, self.rotary = rope, d_rope > 0
         self.W_dkv = nn.Linear(d_model, d_latent, bias=bias)
         self.kv_norm = nn.RMSNorm(d_latent, eps=norm_eps)
         if d_rope:
@@ -181,27 +183,28 @@ class MultiHeadLatentAttention(AttentionLayer):
         )
 
     # -- the pieces ------------------------------------------------------------------
-    def latent(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def latent(self, x: torch.Tensor, rope_tables=None) -> torch.Tensor:
         """What the cache stores: ``[c ; k_rope]`` ``(batch, T, d_latent + d_rope)``.
 
         Args:
             x: ``(batch, T, d_model)``.
-            positions: ``(T,)`` or ``(batch, T)``, the tokens' absolute positions (for ``k_rope``).
+            rope_tables: with ``d_rope``, RoPE's ``(cos, sin)`` of the tokens' positions
+                (``(T, d_rope / 2)`` interleaved), for ``k_rope``.
         """
         c = self.kv_norm(self.W_dkv(x))
         if not self.d_rope:
             return c
-        k_rope = self.rope(self.W_kr(x).unsqueeze(1), positions).squeeze(1)
+        k_rope = apply_rope(self.W_kr(x).unsqueeze(1), *rope_tables).squeeze(1)
         return torch.cat([c, k_rope], dim=-1)
 
-    def queries(self, x: torch.Tensor, positions: torch.Tensor):
+    def queries(self, x: torch.Tensor, rope_tables=None):
         """``(q, q_rope)``: ``(batch, h, T, d_head)`` and ``(batch, h, T, d_rope)``
-        (``None`` when ``d_rope == 0``)."""
+        (``None`` when ``d_rope == 0``), rotated by ``rope_tables`` as in :meth:`latent`."""
         c_q = self.q_norm(self.W_dq(x)) if self.d_q_latent is not None else x
         q = self._split(self.W_q(c_q), self.d_head)
         if not self.d_rope:
             return q, None
-        return q, self.rope(self._split(self.W_qr(c_q), self.d_rope), positions)
+        return q, apply_rope(self._split(self.W_qr(c_q), self.d_rope), *rope_tables)
 
     def expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The naive form's keys and values from cached latents.
@@ -248,9 +251,9 @@ class MultiHeadLatentAttention(AttentionLayer):
             cache: a :class:`mhbook.LayerCache`; the new latents are added to it
                 (``cache.update_latent``), and the queries attend to all it holds.
             need_weights: also return the weights ``(batch, num_heads, T, S)``.
-            rope_tables: accepted for the call signature of
-                :class:`mhbook.MultiHeadAttention`; unused (the decoupled RoPE part has
-                its own size ``d_rope``).
+            rope_tables: RoPE's ``(cos, sin)`` of ``positions`` for the decoupled part,
+                from the model's rotary embedding of ``d_rope`` (a layer without its own
+                ``rope``).
 
         Returns:
             ``(output, weights)``: ``(batch, T, d_model)`` and the weights when
@@ -261,10 +264,12 @@ class MultiHeadLatentAttention(AttentionLayer):
                 "MultiHeadLatentAttention is self-attention: call it with key=None and "
                 "value=None (keys and values come from the cached latent of query)"
             )
-        self._check_input(query, cache)
+        check_cache(cache)
+        check_features("query", query, self.d_model, self.W_dkv.weight)
         x = query
         positions = self._positions(x, positions, cache)
-        latent = self.latent(x, positions)  # (B, T, d_latent + d_rope)
+        rope = self._rope_tables(rope_tables, positions, x.dtype)  # None without d_rope
+        latent = self.latent(x, rope)  # (B, T, d_latent + d_rope)
         if cache is not None:  # (B, S, d_latent + d_rope)
             latent = cache.update_latent(latent, window=self.window, sinks=self.sinks)
         if self.window is not None:  # a local layer: its own causal mask, bottom-right
@@ -272,7 +277,7 @@ class MultiHeadLatentAttention(AttentionLayer):
                 x.size(1), latent.size(1), x.device, window=self.window, sinks=self.sinks
             )
             mask, is_causal = (local if mask is None else mask & local), False
-        q, q_rope = self.queries(x, positions)
+        q, q_rope = self.queries(x, rope)
         dropout_p = self.dropout if self.training else 0.0
         keep = need_weights or self.keep_weights
         if self.absorb:
@@ -335,11 +340,3 @@ class MultiHeadLatentAttention(AttentionLayer):
         """``(batch, T, h * size)`` -> ``(batch, h, T, size)``."""
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, size).transpose(1, 2)
-
-    def _check_input(self, x: torch.Tensor, cache) -> None:
-        if cache is not None and not isinstance(cache, LayerCache):
-            raise TypeError(
-                f"cache must be None or a mhbook.LayerCache (one layer of a KVCache), "
-                f"got {type(cache).__name__}"
-            )
-        check_features("query", x, self.d_model, self.W_dkv.weight)

@@ -24,11 +24,13 @@ The two are the same rotation up to a fixed permutation of the features
     rope = RotaryEmbedding(d_head=16)
     q = rope(q, positions)  # q (batch, heads, T, 16), positions (T,) -> (batch, heads, T, 16)
 
-A model computes the tables once per forward pass and hands them to every layer, as
-Hugging Face's Llama does (``position_embeddings = self.rotary_emb(x, position_ids)``)::
+A model owns one rotary embedding per kind of layer, computes its tables once per forward
+pass and hands them to every layer, which rotates with a plain function, as Hugging Face's
+Llama does (``position_embeddings = self.rotary_emb(x, position_ids)`` in the model,
+``apply_rotary_pos_emb(q, k, cos, sin)`` in the layer)::
 
-    cos, sin = rope.tables(positions, dtype)  # once per forward
-    q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)  # in every layer
+    cos, sin = rope.tables(positions, dtype)  # once per forward, in the model
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # in every layer
 
 Context extension. A model trained on ``L`` positions has never seen the angles of
 positions beyond ``L``. :class:`RopeScaling` changes the frequencies ``theta_i`` so that a
@@ -50,6 +52,7 @@ from ..core.validate import check_bool, check_int, check_integers, check_number
 
 __all__ = [
     "RotaryEmbedding",
+    "apply_rope",
     "rope_frequencies",
     "ntk_base",
     "rope_angles",
@@ -176,10 +179,33 @@ def interleaved_to_half(d_head: int, device: torch.device | str | None = None) -
     )
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """``(x1, x2) -> (-x2, x1)`` on the two halves of the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` by the tables of :meth:`RotaryEmbedding.tables`.
+
+    Args:
+        x: ``(..., T, d_head)`` queries or keys, e.g. ``(batch, heads, T, d_head)``.
+        cos, sin: ``(T, w)``, or anything that broadcasts against ``x`` (``(batch, 1, T,
+            w)`` for one row of positions per sequence). Their width ``w`` is the layout
+            the tables were made for: ``w = d_head`` (each angle twice) pairs feature ``i``
+            with ``i + d_head / 2`` (Llama's rotate-half), ``w = d_head / 2`` pairs ``2i``
+            with ``2i + 1`` (the paper's interleaved pairs). So the tables and the rotation
+            cannot disagree on the layout.
+
+    Returns:
+        The rotated ``x``, same shape and dtype.
+    """
+    d_head, width = x.size(-1), cos.size(-1)
+    if width == d_head:  # Llama, written as Hugging Face writes it: x cos + rotate_half(x) sin
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    if 2 * width == d_head:  # the paper: pairs (x_0, x_1), (x_2, x_3), ...
+        pairs = x.unflatten(-1, (width, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+    raise ValueError(
+        f"RoPE tables of width {width} rotate heads of d_head={width} (rotate-half) or "
+        f"d_head={2 * width} (interleaved), got x of d_head={d_head}"
+    )
 
 
 class RotaryEmbedding(nn.Module):
@@ -227,7 +253,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate each of the ``T`` vectors of ``x`` by its position: :meth:`tables`
-        then :meth:`rotate`, for standalone use (a model computes the tables once).
+        then :func:`apply_rope` (a model computes the tables once per forward pass).
 
         Args:
             x: ``(batch, heads, T, d_head)`` queries or keys (any ``(..., T, d_head)``).
@@ -238,7 +264,7 @@ class RotaryEmbedding(nn.Module):
             The rotated ``x``, same shape and dtype.
         """
         self._check(x, positions)
-        return self.rotate(x, *self.tables(positions, x.dtype))
+        return apply_rope(x, *self.tables(positions, x.dtype))
 
     def frequencies(self, device: torch.device) -> tuple[torch.Tensor, float]:
         """``(theta, attention_factor)`` (:func:`rope_frequencies`), made once per device."""
@@ -276,16 +302,6 @@ class RotaryEmbedding(nn.Module):
         if attention_factor != 1.0:  # YaRN's: scales q and k, so the scores by its square
             cos, sin = cos * attention_factor, sin * attention_factor
         return cos.to(dtype), sin.to(dtype)
-
-    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` ``(..., T, d_head)`` by the tables of :meth:`tables`."""
-        if self.interleaved:  # the paper: pairs (x_0, x_1), (x_2, x_3), ...
-            pairs = x.unflatten(-1, (self.d_head // 2, 2))
-            a, b = pairs[..., 0], pairs[..., 1]
-            return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
-        # Llama: pairs (x_i, x_{i + d/2}), written as Hugging Face writes it,
-        # x * cos + rotate_half(x) * sin, the tables repeated over both halves.
-        return x * cos + _rotate_half(x) * sin
 
     def _check(self, x: torch.Tensor, positions: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.size(-1) != self.d_head:

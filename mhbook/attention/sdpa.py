@@ -141,8 +141,7 @@ def _fused(q, k, v, attn_mask, dropout_p, is_causal, group):
         # does. Copy each key/value head for its `group` query heads instead, so that a
         # fused kernel runs. A decoding step (one query) keeps the shared
         # heads: there are no L x S scores to avoid, and reading each cached key and value
-        # once is what sharing them is for (on an H200 at 16k cached tokens, grouped-query
-        # decoding took 0.95 ms per token this way, 2.27 ms with the copies).
+        # once is what sharing them is for (timed on a GPU: benchmarks/README.md).
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         group = 1
     # Query head i uses key/value head i // group; the kernel maps them itself

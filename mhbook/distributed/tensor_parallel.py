@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..attention.multihead import MultiHeadAttention
+from ..attention.multihead import MultiHeadAttention, check_inputs
 from ..attention.sdpa import attend
 from ..core.validate import check_int
 
@@ -187,9 +187,10 @@ class TensorParallelMultiHeadAttention(nn.Module):
         rank, world_size, group: where this share sits; ``group=None`` is the default group.
     """
 
-    # The checks of MultiHeadAttention (shapes, device, dtype) read only W_q and the widths.
-    _check_inputs = MultiHeadAttention._check_inputs
+    # The checks of MultiHeadAttention (check_inputs: shapes, device, dtype) read only the
+    # projections, the widths and the kind of position, which this layer has not.
     rope = alibi = None
+    rotary = streaming = False
 
     def __init__(
         self,
@@ -321,7 +322,7 @@ class TensorParallelMultiHeadAttention(nn.Module):
             ``(output, None)``, as :class:`mhbook.MultiHeadAttention` returns without
             weights: output ``(batch, Lq, d_model)``, equal to the single-process layer's.
         """
-        self._check_inputs(query, key, value, cache=None)
+        check_inputs(self, query, key, value)
         if self.world_size > 1:
             # f: the identity now, the sum of the ranks' input gradients in the backward
             # pass. Once per distinct tensor: in self-attention query, key and value are one
@@ -419,11 +420,11 @@ def _check_splittable(mha) -> None:
     heads, no positions inside attention."""
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"expected mhbook.MultiHeadAttention, got {type(mha).__name__}")
-    if mha.num_kv_heads != mha.num_heads or mha.rope is not None or mha.alibi is not None:
+    if mha.num_kv_heads != mha.num_heads or mha.rotary or mha.alibi is not None:
         raise ValueError(
             "tensor parallelism here splits multi-head attention with num_kv_heads == "
             f"num_heads and no rope or alibi; got num_heads={mha.num_heads}, num_kv_heads="
-            f"{mha.num_kv_heads}, rope={mha.rope is not None}, alibi={mha.alibi is not None}"
+            f"{mha.num_kv_heads}, rope={mha.rotary}, alibi={mha.alibi is not None}"
         )
 
 

@@ -12,9 +12,14 @@
   optionally the output layer to vocabulary logits: what the encoder, the decoder and the
   decoder-only language model share.
 
-Each sublayer sits in an :class:`~mhbook.models.layers.AddNorm`: the residual connection with
-the config's norm (``"layer"`` or ``"rms"``), before (``norm_first``) or after the
-sublayer, and the residual dropout.
+Each block writes its residual connections out, as nanoGPT and Hugging Face do: pre-norm
+(``norm_first``, GPT-2 and Llama) ``x = x + Dropout(sublayer(Norm(x)))``, post-norm (the
+paper) ``x = Norm(x + Dropout(sublayer(x)))``. Each sublayer's norm and dropout are kept
+in an :class:`~mhbook.models.layers.AddNorm` (``addnorm1.norm``, ``addnorm1.dropout``, ...).
+
+RoPE has one owner, the :class:`Stack`: :func:`make_rope` builds its rotary embeddings (one
+per kind of layer), and the stack hands every layer its tables, computed once per forward
+pass (:meth:`Stack.rope_tables`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from torch import nn
 
 from ..attention.cache import KVCache, LayerCache
 from ..attention.multihead import MultiHeadAttention
+from ..attention.rope import RotaryEmbedding
 from ..core.config import ModelConfig
 from ..core.validate import check_int, check_tokens
 from .layers import AddNorm, PositionalEncoding, make_ffn, make_norm
@@ -50,10 +56,12 @@ def make_attention(
       :attr:`ModelConfig.d_rope` features when ``config.position == "rope"``;
     * otherwise :class:`~mhbook.MultiHeadAttention` with ``config.kv_heads`` key/value
       heads (``num_heads`` of them: multi-head attention; 1: multi-query attention),
-      with a :class:`mhbook.RotaryEmbedding` of base ``config.layer_rope_theta(layer)`` (scaled by
-      ``config.rope_scaling``) when ``config.position == "rope"`` and an
-      :class:`mhbook.ALiBi` when it is ``"alibi"`` (in self-attention only:
-      cross-attention has no shared positions, and never a latent).
+      ``rotary`` when ``config.position == "rope"`` and with an :class:`mhbook.ALiBi` when it
+      is ``"alibi"`` (in self-attention only: cross-attention has no shared positions, and
+      never a latent).
+
+    A layer with RoPE holds no rotary embedding: its model owns them (:func:`make_rope`)
+    and hands it ``rope_tables`` at every call.
 
     The self-attention is told its kind, as TransformerLens's ``Attention(cfg, attn_type,
     layer)`` is: a local layer gets ``window`` and ``sinks``
@@ -67,7 +75,7 @@ def make_attention(
             (``config.layer_windows[layer]``); ``None``: ``config.window``.
 
     Every layer is called ``layer(x, key=None, value=None, mask=None, *, is_causal,
-    positions, cache, need_weights)`` and returns ``(output, weights or None)``.
+    positions, cache, need_weights, rope_tables)`` and returns ``(output, weights or None)``.
     """
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a mhbook.ModelConfig, got {type(config).__name__}")
@@ -106,16 +114,13 @@ def make_attention(
             bias,
             d_head=config.head_dim,
             d_rope=config.d_rope,
-            rope_theta=config.rope_theta,
             **local,
         )
-    extra: dict[str, nn.Module] = {}
-    if not cross and config.position == "rope":
-        extra["rope"] = make_rope(config, layer)
-    elif not cross and config.position == "alibi":
+    alibi = None
+    if not cross and config.position == "alibi":
         from ..attention.alibi import ALiBi
 
-        extra["alibi"] = ALiBi(config.num_heads)
+        alibi = ALiBi(config.num_heads)
     return MultiHeadAttention(
         config.d_model,
         config.num_heads,
@@ -123,17 +128,27 @@ def make_attention(
         dropout=config.attention_dropout,
         bias=bias,
         d_head=config.head_dim,
-        **extra,
+        rotary=not cross and config.position == "rope",
+        alibi=alibi,
         **local,
     )
 
 
-def make_rope(config: ModelConfig, layer: int | None = None):
-    """The :class:`mhbook.RotaryEmbedding` of ``config`` (``position="rope"``) for layer
-    ``layer``: heads of ``config.d_head``, base ``config.layer_rope_theta(layer)``
-    (``config.rope_theta`` for ``layer=None``), scaled by ``config.rope_scaling``."""
-    from ..attention.rope import RotaryEmbedding
+def make_rope(config: ModelConfig, layer: int | None = None) -> RotaryEmbedding | None:
+    """The rotary embedding of layer ``layer`` of a model of ``config`` (``None`` unless
+    ``config.position == "rope"``): the one place that decides RoPE's size, base, scaling
+    and layout.
 
+    * Multi-head attention: heads of ``config.d_head``, base
+      ``config.layer_rope_theta(layer)`` (``config.rope_theta`` for ``layer=None``), scaled
+      by ``config.rope_scaling``, in Llama's rotate-half layout;
+    * latent attention (``config.d_latent``): its decoupled part of ``config.d_rope``
+      features, base ``config.rope_theta``, in the paper's interleaved pairs, as DeepSeek.
+    """
+    if config.position != "rope":
+        return None
+    if config.d_latent is not None:
+        return RotaryEmbedding(config.d_rope, config.rope_theta, interleaved=True)
     theta = config.rope_theta if layer is None else config.layer_rope_theta(layer)
     return RotaryEmbedding(config.d_head, theta, scaling=config.rope_scaling)
 
@@ -167,15 +182,32 @@ class EncoderBlock(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__()
+        self.norm_first = config.norm_first
         self.self_attn = make_attention(config, layer=layer)
         self.ffn = _make_ffn(config)
         self.addnorm1 = _add_norm(config)
         self.addnorm2 = _add_norm(config) if self.ffn is not None else None
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``x`` ``(batch, L, d_model)``; ``mask`` bool, broadcastable to ``(batch, h, L, L)``."""
-        x = self.addnorm1(x, lambda x: self.self_attn(x, mask=mask)[0])
-        return x if self.ffn is None else self.addnorm2(x, self.ffn)
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``(batch, L, d_model)``; ``mask`` bool, broadcastable to ``(batch, h, L, L)``;
+        ``rope_tables`` the self-attention's RoPE tables (:meth:`Stack.rope_tables`)."""
+        if self.norm_first:  # pre-norm: x + Dropout(sublayer(Norm(x)))
+            h, _ = self.self_attn(self.addnorm1.norm(x), mask=mask, rope_tables=rope_tables)
+            x = x + self.addnorm1.dropout(h)
+            if self.ffn is not None:
+                x = x + self.addnorm2.dropout(self.ffn(self.addnorm2.norm(x)))
+        else:  # post-norm (the paper): Norm(x + Dropout(sublayer(x)))
+            h, _ = self.self_attn(x, mask=mask, rope_tables=rope_tables)
+            x = self.addnorm1.norm(x + self.addnorm1.dropout(h))
+            if self.ffn is not None:
+                x = self.addnorm2.norm(x + self.addnorm2.dropout(self.ffn(x)))
+        return x
 
 
 class DecoderBlock(nn.Module):
@@ -190,6 +222,7 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__()
+        self.norm_first = config.norm_first
         self.self_attn = make_attention(config, layer=layer)
         self.cross_attn = make_attention(config, cross=True)
         self.ffn = _make_ffn(config)
@@ -206,6 +239,7 @@ class DecoderBlock(nn.Module):
         cache: LayerCache | None = None,
         *,
         is_causal: bool = False,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run the block.
 
@@ -224,15 +258,28 @@ class DecoderBlock(nn.Module):
             is_causal: the self-attention also applies ``causal_mask(T, T_total)``,
                 built only where needed (:func:`mhbook.attend`); what
                 :class:`~mhbook.TransformerDecoder` passes.
+            rope_tables: the self-attention's RoPE tables (:meth:`Stack.rope_tables`).
 
         Returns:
             ``(batch, T, d_model)``.
         """
-        x = self.addnorm1(
-            x, lambda x: self.self_attn(x, mask=self_mask, is_causal=is_causal, cache=cache)[0]
-        )
-        x = self.addnorm2(x, lambda x: self.cross_attn(x, memory, mask=memory_mask, cache=cache)[0])
-        return x if self.ffn is None else self.addnorm3(x, self.ffn)
+        attention = {"mask": self_mask, "is_causal": is_causal, "cache": cache}
+        attention["rope_tables"] = rope_tables  # the self-attention's arguments
+        if self.norm_first:  # pre-norm: x + Dropout(sublayer(Norm(x)))
+            h, _ = self.self_attn(self.addnorm1.norm(x), **attention)
+            x = x + self.addnorm1.dropout(h)
+            h, _ = self.cross_attn(self.addnorm2.norm(x), memory, mask=memory_mask, cache=cache)
+            x = x + self.addnorm2.dropout(h)
+            if self.ffn is not None:
+                x = x + self.addnorm3.dropout(self.ffn(self.addnorm3.norm(x)))
+        else:  # post-norm (the paper): Norm(x + Dropout(sublayer(x)))
+            h, _ = self.self_attn(x, **attention)
+            x = self.addnorm1.norm(x + self.addnorm1.dropout(h))
+            h, _ = self.cross_attn(x, memory, mask=memory_mask, cache=cache)
+            x = self.addnorm2.norm(x + self.addnorm2.dropout(h))
+            if self.ffn is not None:
+                x = self.addnorm3.norm(x + self.addnorm3.dropout(self.ffn(x)))
+        return x
 
 
 class DecoderOnlyBlock(nn.Module):
@@ -248,6 +295,7 @@ class DecoderOnlyBlock(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__()
+        self.norm_first = config.norm_first
         self.self_attn = make_attention(config, layer=layer)
         self.ffn = _make_ffn(config)
         self.addnorm1 = _add_norm(config)
@@ -265,20 +313,21 @@ class DecoderOnlyBlock(nn.Module):
     ) -> torch.Tensor:
         """``x`` ``(batch, T, d_model)``; ``mask`` bool, broadcastable to
         ``(batch, h, T, S)``; ``cache`` this block's :class:`mhbook.LayerCache` or ``None``;
-        ``positions`` ``(T,)`` or ``(batch, T)`` and ``rope_tables`` their ``(cos, sin)``
-        (see :class:`mhbook.MultiHeadAttention`)."""
-        x = self.addnorm1(
-            x,
-            lambda x: self.self_attn(
-                x,
-                mask=mask,
-                is_causal=is_causal,
-                positions=positions,
-                cache=cache,
-                rope_tables=rope_tables,
-            )[0],
-        )
-        return x if self.ffn is None else self.addnorm2(x, self.ffn)
+        ``positions`` ``(T,)`` or ``(batch, T)`` and ``rope_tables`` the self-attention's
+        RoPE tables (:meth:`Stack.rope_tables`)."""
+        attention = {"mask": mask, "is_causal": is_causal, "positions": positions, "cache": cache}
+        attention["rope_tables"] = rope_tables  # the self-attention's arguments
+        if self.norm_first:  # pre-norm: x + Dropout(sublayer(Norm(x)))
+            h, _ = self.self_attn(self.addnorm1.norm(x), **attention)
+            x = x + self.addnorm1.dropout(h)
+            if self.ffn is not None:
+                x = x + self.addnorm2.dropout(self.ffn(self.addnorm2.norm(x)))
+        else:  # post-norm (the paper): Norm(x + Dropout(sublayer(x)))
+            h, _ = self.self_attn(x, **attention)
+            x = self.addnorm1.norm(x + self.addnorm1.dropout(h))
+            if self.ffn is not None:
+                x = self.addnorm2.norm(x + self.addnorm2.dropout(self.ffn(x)))
+        return x
 
 
 class Stack(nn.Module):
@@ -324,6 +373,12 @@ class Stack(nn.Module):
             self.output = nn.Linear(config.d_model, vocab_size, bias=config.bias)
             if config.tie_embeddings:
                 self.output.weight = self.embedding.weight
+        # RoPE's one owner: a rotary embedding per kind of layer (Gemma 3's global layers
+        # have their own base), whose tables rope_tables computes once per forward pass.
+        self.rope = make_rope(config)
+        self.global_rope = None
+        if config.global_rope_theta is not None:
+            self.global_rope = make_rope(config, config.layer_windows.index(None))
 
     def embed(self, tokens: torch.Tensor, name: str, offset: int = 0) -> torch.Tensor:
         """``(batch, L)`` token ids -> ``(batch, L, d_model)`` embeddings (scaled by
@@ -346,6 +401,45 @@ class Stack(nn.Module):
                 )
             x = x + self.pos_table(torch.arange(offset, end, device=x.device))
         return self.dropout(x)
+
+    def rope_tables(
+        self, positions: torch.Tensor | None, start: int, x: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """RoPE's ``(cos, sin)`` for every block, computed once per kind of layer, as Hugging
+        Face's models compute ``position_embeddings`` once for all their layers.
+
+        Layer ``i``'s kind comes from the config: its base ``config.layer_rope_theta(i)``,
+        and whether it positions its keys within the cache (a local layer with
+        ``config.sinks``, StreamingLLM: the tables of the slots ``0 .. sinks + window - 1``)
+        or at the tokens' ``positions``.
+
+        Args:
+            positions: ``(T,)`` or ``(batch, T)`` positions of the ``T`` new tokens, or
+                ``None`` for ``start + arange(T)``.
+            start: the first new token's position (the cache's length).
+            x: the new tokens' embeddings ``(batch, T, d_model)``: the tables' dtype.
+
+        Returns:
+            One ``(cos, sin)`` per block (:meth:`mhbook.RotaryEmbedding.tables`), the same
+            tensors for blocks of one kind; ``None`` per block without RoPE.
+        """
+        config = self.config
+        if self.rope is None:
+            return [None] * len(self.blocks)
+        if positions is None:
+            positions = torch.arange(start, start + x.size(1), device=x.device)
+        ropes = {
+            rope.rope_theta: rope for rope in (self.rope, self.global_rope) if rope is not None
+        }
+        made, tables = {}, []
+        for i, window in enumerate(config.layer_windows):
+            kind = (float(config.layer_rope_theta(i)), window is not None and config.sinks > 0)
+            if kind not in made:
+                theta, slots = kind
+                at = torch.arange(config.sinks + window, device=x.device) if slots else positions
+                made[kind] = ropes[theta].tables(at, x.dtype)
+            tables.append(made[kind])
+        return tables
 
     def new_cache(self) -> KVCache:
         """An empty :class:`mhbook.KVCache`, one layer cache per block (one for a model

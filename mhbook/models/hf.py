@@ -190,6 +190,7 @@ def mla_from_hf(m: nn.Module) -> MultiHeadLatentAttention:
     d_head, d_rope, d_v = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
     d_latent, d_q_latent = m.kv_lora_rank, m.q_lora_rank
     weight = m.kv_b_proj.weight
+    theta, interleaved = float(rope.get("rope_theta", 10000.0)), bool(config.rope_interleave)
     ours = MultiHeadLatentAttention(
         m.hidden_size,
         h,
@@ -200,8 +201,7 @@ def mla_from_hf(m: nn.Module) -> MultiHeadLatentAttention:
         d_rope=d_rope,
         d_v=d_v,
         d_q_latent=d_q_latent,
-        rope_theta=float(rope.get("rope_theta", 10000.0)),
-        rope_interleaved=bool(config.rope_interleave),
+        rope=RotaryEmbedding(d_rope, theta, interleaved=interleaved) if d_rope else None,
         norm_eps=m.kv_a_layernorm.variance_epsilon,
     ).to(weight.device, weight.dtype)
     with torch.no_grad():

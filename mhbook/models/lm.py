@@ -25,7 +25,7 @@ import torch
 from ..attention.cache import KVCache
 from ..core.config import ModelConfig
 from ..core.masks import padding_mask
-from .blocks import DecoderOnlyBlock, Stack, make_rope
+from .blocks import DecoderOnlyBlock, Stack
 from .generation import generate
 
 __all__ = ["DecoderOnlyLM"]
@@ -57,15 +57,6 @@ class DecoderOnlyLM(Stack):
 
     def __init__(self, config: ModelConfig, vocab_size: int):
         super().__init__(config, vocab_size, DecoderOnlyBlock, output=True)
-        # RoPE's cos and sin, computed once per forward pass and handed to every layer
-        # (Hugging Face's ``rotary_emb``); the layers' own ``rope`` rotates with them.
-        rope = config.position == "rope" and config.d_latent is None and not config.sinks
-        self.rope = make_rope(config) if rope else None
-        # Gemma 3's RoPE per layer type: the global layers' tables, from their own base
-        self.global_rope = None
-        if rope and config.global_rope_theta is not None:
-            first_global = config.layer_windows.index(None)
-            self.global_rope = make_rope(config, first_global)
 
     def forward(
         self,
@@ -95,7 +86,8 @@ class DecoderOnlyLM(Stack):
                 (:attr:`mhbook.MultiHeadAttention.streaming`).
 
         Each layer masks causally itself (within its window, if it has one) and tells its
-        cache what to keep; RoPE's tables are computed here once for all layers.
+        cache what to keep; RoPE's tables are computed here once per kind of layer
+        (:meth:`~mhbook.models.blocks.Stack.rope_tables`).
 
         Returns:
             ``(batch, T, vocab_size)``; for ``T = 0``, an empty ``(batch, 0, vocab_size)``.
@@ -121,24 +113,16 @@ class DecoderOnlyLM(Stack):
                     f"{tuple(tokens.shape)}, got {got}"
                 )
             padding = padding_mask(valid_lens, length)  # (batch, 1, 1, T)
-        rope_tables = None
-        if self.rope is not None:  # once, for every layer
-            at = positions
-            if at is None:
-                at = torch.arange(past, past + length, device=x.device)
-            rope_tables = self.rope.tables(at, x.dtype)
-            if self.global_rope is not None:
-                global_tables = self.global_rope.tables(at, x.dtype)
+        rope_tables = self.rope_tables(positions, past, x)  # once per kind of layer
         layer_caches = [None] * len(self.blocks) if cache is None else cache.layers
-        for block, layer_cache in zip(self.blocks, layer_caches):
-            is_global = self.global_rope is not None and block.self_attn.window is None
+        for block, layer_cache, tables in zip(self.blocks, layer_caches, rope_tables):
             x = block(
                 x,
                 padding,
                 layer_cache,
                 is_causal=True,
                 positions=positions,
-                rope_tables=global_tables if is_global else rope_tables,
+                rope_tables=tables,
             )
         self._count_without_blocks(cache, length)
         return self.output(self.norm(x))

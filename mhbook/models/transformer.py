@@ -4,25 +4,17 @@ cache (:func:`mhbook.generate`)."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 from torch import nn
 
 from ..attention.cache import KVCache
-from ..attention.multihead import AttentionLayer
 from ..core.config import ModelConfig
 from ..core.masks import padding_mask
 from ..core.validate import check_int, check_tokens
 from .blocks import DecoderBlock, EncoderBlock, Stack
 from .generation import eval_mode, generate
 
-__all__ = [
-    "TransformerEncoder",
-    "TransformerDecoder",
-    "Transformer",
-    "record_attention",
-]
+__all__ = ["TransformerEncoder", "TransformerDecoder", "Transformer"]
 
 
 class TransformerEncoder(Stack):
@@ -45,8 +37,8 @@ class TransformerEncoder(Stack):
         """
         mask = None if valid_lens is None else padding_mask(valid_lens, src.size(1))
         x = self.embed(src, "src")
-        for block in self.blocks:
-            x = block(x, mask)
+        for block, tables in zip(self.blocks, self.rope_tables(None, 0, x)):
+            x = block(x, mask, rope_tables=tables)
         return self.norm(x)
 
 
@@ -89,11 +81,12 @@ class TransformerDecoder(Stack):
         self._check_cache(cache)
         num_cached = 0 if cache is None else cache.length
         x = self.embed(tgt, "tgt", offset=num_cached)
-        for i, block in enumerate(self.blocks):
+        rope_tables = self.rope_tables(None, num_cached, x)  # once per forward pass
+        for i, (block, tables) in enumerate(zip(self.blocks, rope_tables)):
             layer_cache = None if cache is None else cache.layers[i]
             # The causal mask, aligned bottom-right: the new tokens see every cached one
             # and the earlier new ones. In training attend() need not even build it.
-            x = block(x, memory, None, memory_mask, layer_cache, is_causal=True)
+            x = block(x, memory, None, memory_mask, layer_cache, is_causal=True, rope_tables=tables)
         self._count_without_blocks(cache, tgt.size(1))
         return self.output(self.norm(x))
 
@@ -185,38 +178,6 @@ class Transformer(nn.Module):
                 use_cache=use_cache,
                 **sampling,
             )
-
-
-@contextmanager
-def record_attention(model: nn.Module):
-    """Keep the per-head attention weights of every attention layer in ``model``.
-
-    Inside the ``with`` block every attention layer (:class:`MultiHeadAttention`,
-    :class:`mhbook.MultiHeadLatentAttention`) stores its weights
-    ``(batch, h, Lq, Lk)`` of its latest call. The context value is a function that
-    returns them as a dict of the layers that ran in this recording (weights kept from
-    an earlier one are cleared when it starts), e.g. for a :class:`Transformer`::
-
-        with record_attention(model) as weights:
-            model(src, tgt_in, src_valid_lens)
-        w = weights()   # {"encoder.blocks.0.self_attn": tensor, ...}
-
-    The model's outputs are the same as without it (the explicit attention path is used).
-    """
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, AttentionLayer)}
-    previous = {name: m.keep_weights for name, m in layers.items()}
-    for m in layers.values():
-        m.keep_weights = True
-        m.weights = None
-
-    def weights() -> dict[str, torch.Tensor]:
-        return {name: m.weights for name, m in layers.items() if m.weights is not None}
-
-    try:
-        yield weights
-    finally:
-        for name, m in layers.items():
-            m.keep_weights = previous[name]
 
 
 def _refuse_window(config: ModelConfig) -> None:

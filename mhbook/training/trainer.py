@@ -119,10 +119,9 @@ class TrainingLog:
         if progress:
             from tqdm.auto import tqdm  # here, not above: in a notebook it imports ipywidgets
 
-            # At most one refresh a second: in a notebook every refresh is a few widget
-            # messages, and nbval reads them only when the cell has finished; past a few
-            # thousand, ZeroMQ drops the rest, the kernel's final "idle" among them, and nbval
-            # fails the cell on "Timeout of 5 seconds exceeded waiting for output".
+            # At most one refresh a second: every refresh is a few widget messages, which
+            # nbval reads only when the cell has finished, and too many of them lose the
+            # kernel's final "idle" (the cell then fails on nbval's output timeout).
             self._bar = tqdm(total=num_steps, desc="training", leave=True, mininterval=1.0)
         self._smooth: dict[str, float] = {}  # moving averages for the bar
 

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..models.transformer import record_attention
+from ..attention.base import record_attention
 from ..tasks.bleu import exact_match
 from ..tasks.numbers import detokenize, tokenize
 from ..training.trainer import cpu_threads, valid_loss

@@ -63,6 +63,11 @@ def test_positions_per_sequence():
     assert bias.shape == (2, 4, 3, 4)
     for b in range(2):
         assert torch.equal(bias[b], alibi(q_positions[b], k_positions[b]))
+    # One row of positions for the whole batch on one side (the new queries of a cache
+    # whose kept keys have positions per sequence): the same as that row expanded.
+    row = q_positions[1]
+    assert torch.equal(alibi(row, k_positions), alibi(row.expand(2, -1), k_positions))
+    assert torch.equal(alibi(k_positions, row), alibi(k_positions, row.expand(2, -1)))
 
 
 def test_on_the_meta_device():
@@ -82,9 +87,9 @@ def test_bad_inputs():
     ):
         alibi(torch.arange(3), torch.arange(3)[None, None])
     with pytest.raises(
-        ValueError, match=r"q_positions \(3,\) and k_positions \(1, 3\) must both be \(T,\) and"
+        ValueError, match=r"q_positions \(2, 3\) and k_positions \(1, 3\) must have the same batch"
     ):
-        alibi(torch.arange(3), torch.arange(3)[None])
+        alibi(torch.arange(3).expand(2, -1), torch.arange(3)[None])
     with pytest.raises(TypeError, match="q_positions must hold integers"):
         alibi(torch.arange(3.0), torch.arange(3))
     with pytest.raises(ValueError, match="same device, got cpu and meta"):

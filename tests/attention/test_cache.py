@@ -74,7 +74,7 @@ def test_grouped_query_keys_and_values():
     cache, outputs, start = mhbook.LayerCache(), [], 0
     for n in steps:
         new = slice(start, start + n)
-        keys, values = cache.update(k[:, :, new], v[:, :, new])
+        keys, values, _ = cache.update(k[:, :, new], v[:, :, new])
         outputs.append(
             mhbook.attend(q[:, :, new], keys, values, mhbook.causal_mask(n, start + n))[0]
         )
@@ -97,7 +97,7 @@ def test_rolling_window_keeps_the_last_tokens_and_attends_like_a_sliding_window(
     for n in steps:
         new = slice(start, start + n)
         kept = cache.num_kept
-        keys, values = cache.update(k[:, :, new], v[:, :, new], window=window)
+        keys, values, _ = cache.update(k[:, :, new], v[:, :, new], window=window)
         assert keys.size(2) == kept + n
         mask = mhbook.causal_mask(n, kept + n, window=window)
         outputs.append(mhbook.attend(q[:, :, new], keys, values, mask)[0])

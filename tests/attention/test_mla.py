@@ -66,15 +66,18 @@ def test_equals_hugging_face_float32_with_its_own_rotary_and_norms(hf_deepseek_a
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
 
 
-def _mla(**kwargs):
+def _mla(interleaved=True, **kwargs):
+    """A latent attention that stands alone: with ``d_rope``, its own rotary embedding."""
     torch.manual_seed(0)
-    defaults = dict(d_head=8, d_rope=4, d_v=6, d_q_latent=10)
-    return MultiHeadLatentAttention(D_MODEL, NUM_HEADS, D_LATENT, **{**defaults, **kwargs}).double()
+    kwargs = {**dict(d_head=8, d_rope=4, d_v=6, d_q_latent=10), **kwargs}
+    if kwargs["d_rope"] > 0:
+        kwargs["rope"] = mhbook.RotaryEmbedding(kwargs["d_rope"], interleaved=interleaved)
+    return MultiHeadLatentAttention(D_MODEL, NUM_HEADS, D_LATENT, **kwargs).double()
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"d_rope": 0}, {"d_q_latent": None}, {"bias": True}, {"rope_interleaved": False}],
+    [{}, {"d_rope": 0}, {"d_q_latent": None}, {"bias": True}, {"interleaved": False}],
     ids=["default", "no-rope", "q-direct", "bias", "halves"],
 )
 def test_absorbed_equals_naive(kwargs):
@@ -189,7 +192,10 @@ def test_positions_per_sequence():
 def test_on_meta_device(absorb):
     meta = torch.device("meta")
     with meta:
-        mla = MultiHeadLatentAttention(D_MODEL, NUM_HEADS, D_LATENT, d_rope=4, d_q_latent=10)
+        rope = mhbook.RotaryEmbedding(4, interleaved=True)
+        mla = MultiHeadLatentAttention(
+            D_MODEL, NUM_HEADS, D_LATENT, d_rope=4, d_q_latent=10, rope=rope
+        )
     mla.absorb = absorb
     x = torch.randn(2, 5, D_MODEL, device=meta)
     out, _ = mla(x, mask=mhbook.causal_mask(5, device=meta))

@@ -526,22 +526,22 @@ def _gqa(num_kv_heads, dtype=torch.float64, seed=0, **kwargs):
 
 # -- stand-ins for mhbook.RotaryEmbedding and mhbook.ALiBi (same call signatures) --------
 class _Rotate(nn.Module):
-    """Rotate-half rotary embedding, written out here: ``x cos + rotate_half(x) sin``."""
+    """Rotate-half rotary embedding, written out here: the tables ``cos`` and ``sin`` of
+    each angle twice (the layer rotates by them: ``x cos + rotate_half(x) sin``)."""
 
-    d = D_MODEL // NUM_HEADS  # the heads' size
+    d_head = D_MODEL // NUM_HEADS  # the heads' size
 
     def forward(self, x, positions):
-        return self.rotate(x, *self.tables(positions, x.dtype))
+        cos, sin = self.tables(positions, x.dtype)
+        x1, x2 = x[..., : self.d_head // 2], x[..., self.d_head // 2 :]
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
     def tables(self, positions, dtype):  # what a model computes once per forward pass
-        inv_freq = 10000.0 ** (-torch.arange(0, self.d, 2, device=positions.device) / self.d)
+        d = self.d_head
+        inv_freq = 10000.0 ** (-torch.arange(0, d, 2, device=positions.device) / d)
         angles = positions.double()[:, None] * inv_freq  # (T, d/2)
         angles = torch.cat([angles, angles], -1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
-
-    def rotate(self, x, cos, sin):
-        x1, x2 = x[..., : self.d // 2], x[..., self.d // 2 :]
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class _Distance(nn.Module):
@@ -822,7 +822,7 @@ def test_equals_llama_attention_without_rotation(num_kv_heads, hf_llama_attentio
     so this checks the grouped heads alone (RoPE is checked in test_rope.py)."""
     _, llama, _ = hf_llama_attention(num_kv_heads, d_model=D_MODEL, num_heads=NUM_HEADS)
     gqa = mhbook.attention_from_hf(llama)
-    gqa.rope = None  # the grouped heads alone
+    gqa.rope, gqa.rotary = None, False  # the grouped heads alone
     x = seeded(2, 5, D_MODEL)
     d_head = D_MODEL // NUM_HEADS
     cos = torch.ones(1, 5, d_head, dtype=torch.float64)

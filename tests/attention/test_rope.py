@@ -214,5 +214,94 @@ def test_the_default_base_is_llamas_10000():
     angles = mhbook.attention.rope.rope_angles(torch.arange(7), 16)
     torch.testing.assert_close(cos[0], torch.cat([angles.cos()] * 2, dim=-1), rtol=0, atol=0)
     torch.testing.assert_close(sin[0], torch.cat([angles.sin()] * 2, dim=-1), rtol=0, atol=0)
-    layer = mhbook.make_attention(mhbook.ModelConfig(d_model=64, position="rope"))
-    assert layer.rope.rope_theta == 10000.0
+    config = mhbook.ModelConfig(d_model=64, position="rope")
+    assert mhbook.make_rope(config).rope_theta == 10000.0
+
+
+# -- RoPE has one owner (issue 38) ------------------------------------------------------------
+def test_apply_rope_reads_the_layout_from_the_tables():
+    """apply_rope is the rotation of RotaryEmbedding in both layouts: tables of d_head
+    columns (each angle twice) rotate halves, of d_head / 2 interleaved pairs."""
+    x, positions = seeded(2, 3, 5, 8, seed=1), torch.arange(3, 8)
+    for interleaved in (False, True):
+        rope = mhbook.RotaryEmbedding(8, interleaved=interleaved)
+        cos, sin = rope.tables(positions, x.dtype)
+        assert cos.shape == (5, 4 if interleaved else 8)
+        torch.testing.assert_close(mhbook.apply_rope(x, cos, sin), rope(x, positions), **EXACT)
+    with pytest.raises(
+        ValueError,
+        match=r"tables of width 4 rotate heads of d_head=4 .* or d_head=8 .*got x of d_head=6",
+    ):
+        mhbook.apply_rope(seeded(1, 1, 5, 6), cos, sin)
+
+
+def _counted_tables(monkeypatch):
+    """Count the calls of RotaryEmbedding.tables (every table computation goes through it)."""
+    calls = []
+    tables = mhbook.RotaryEmbedding.tables
+
+    def counted(self, positions, dtype=torch.float32):
+        calls.append(self)
+        return tables(self, positions, dtype)
+
+    monkeypatch.setattr(mhbook.RotaryEmbedding, "tables", counted)
+    return calls
+
+
+ONE_OWNER = {
+    # config changes -> (rotary embeddings in the model, tables computed per forward)
+    "Llama": ({}, 1),
+    "Gemma 3: local and global bases": (
+        {"window": 3, "global_every": 2, "global_rope_theta": 1e6},
+        2,
+    ),
+    "sinks": ({"window": 3, "sinks": 2}, 1),
+    "sinks and global layers": ({"window": 3, "sinks": 2, "global_every": 2}, 2),
+    "latent attention": ({"d_latent": 12}, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_OWNER))
+def test_the_model_owns_one_rotary_embedding_per_kind_of_layer(name, monkeypatch):
+    """The layers hold none; the model computes the tables once per kind of layer and
+    forward pass, whatever the number of layers (it held 5 modules for 4 layers, and the
+    sinks and latent paths computed tables twice per layer)."""
+    changes, kinds = ONE_OWNER[name]
+    config = mhbook.ModelConfig(
+        d_model=32, num_heads=4, num_layers=4, d_ff=32, norm_first=True, position="rope",
+        **changes,
+    )  # fmt: skip
+    lm = mhbook.DecoderOnlyLM(config, 20).eval()
+    ropes = [m for m in lm.modules() if isinstance(m, mhbook.RotaryEmbedding)]
+    assert len(ropes) == (2 if "global_rope_theta" in changes else 1)
+    assert all(block.self_attn.rope is None and block.self_attn.rotary for block in lm.blocks)
+    calls = _counted_tables(monkeypatch)
+    tokens = torch.randint(0, 20, (2, 9), generator=torch.Generator().manual_seed(0))
+    cache = lm.new_cache()
+    lm(tokens[:, :8], cache=cache)
+    assert len(calls) == kinds and set(map(id, calls)) <= set(map(id, ropes))
+    lm(tokens[:, 8:], cache=cache)  # a decoding step too
+    assert len(calls) == 2 * kinds
+
+
+def test_a_layer_rotates_by_its_own_rope_or_by_its_models_tables():
+    """One owner per layer: a layer that stands alone owns its rope and refuses tables; a
+    layer built for a model (rotary) refuses to run without them; a layer without RoPE
+    refuses them."""
+    x, positions = seeded(2, 5, 16, seed=2), torch.arange(5)
+    rope = mhbook.RotaryEmbedding(4)
+    torch.manual_seed(0)
+    alone = mhbook.MultiHeadAttention(16, 4, rope=rope).double()
+    torch.manual_seed(0)
+    in_a_model = mhbook.MultiHeadAttention(16, 4, rotary=True).double()
+    tables = rope.tables(positions, x.dtype)
+    torch.testing.assert_close(in_a_model(x, rope_tables=tables)[0], alone(x)[0], **EXACT)
+    with pytest.raises(ValueError, match="rope_tables: this layer owns its rope; pass none"):
+        alone(x, rope_tables=tables)
+    with pytest.raises(ValueError, match="rope_tables: this layer is rotated by the RoPE tables"):
+        in_a_model(x)
+    with pytest.raises(ValueError, match="rope_tables: this layer has no RoPE; pass none"):
+        mhbook.MultiHeadAttention(16, 4).double()(x, rope_tables=tables)
+    lm = mhbook.DecoderOnlyLM(mhbook.ModelConfig(d_model=16, num_heads=4, position="rope"), 20)
+    with pytest.raises(ValueError, match="call it through its model"):
+        lm.blocks[0].self_attn(lm.embed(torch.zeros(1, 3, dtype=torch.long), "tokens"))

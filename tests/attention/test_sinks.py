@@ -89,7 +89,7 @@ def test_the_cache_keeps_the_sinks_and_the_last_window(chunks):
     while start < 13:
         size = min(chunks[i % len(chunks)], 13 - start)
         k = _numbered(start, start + size)
-        keys, _ = cache.update(k, k, window=3, sinks=2)  # as a layer with sinks updates it
+        keys, _, _ = cache.update(k, k, window=3, sinks=2)  # as a layer with sinks updates it
         seen = list(range(start + size))
         kept = seen if len(seen) <= 5 else seen[:2] + seen[-3:]
         assert cache.keys[0, 0, :, 0].tolist() == kept
@@ -191,10 +191,11 @@ def test_the_last_token_sees_only_its_sinks_and_its_window():
     torch.testing.assert_close(lm(long)[:, -1], lm(short)[:, -1], **EXACT)
     x = lm.embedding(long)
     layer = lm.blocks[0].self_attn
-    within, _ = layer(x)
+    within, _ = layer(x, rope_tables=lm.rope_tables(None, 0, x)[0])  # the slots' tables
     at_text = copy.deepcopy(layer)
     at_text.window, at_text.sinks = None, 0
-    text, _ = at_text(x, mask=mhbook.causal_mask(20, window=3, sinks=2))
+    tables = lm.rope.tables(torch.arange(20), x.dtype)  # the text positions'
+    text, _ = at_text(x, mask=mhbook.causal_mask(20, window=3, sinks=2), rope_tables=tables)
     assert not torch.allclose(text[:, -1], within[:, -1])
 
 

@@ -146,10 +146,12 @@ def test_kv_cache_fill_is_what_a_forward_pass_caches():
         x = torch.randn(1, length, 32)
         w = config.window
         assert layer.window == w, name  # the layer knows its window and masks by it
+        rope = mhbook.make_rope(config)  # the model's, which rotates the layer
+        tables = rope.tables(torch.arange(length))
         prefilled = mhbook.LayerCache()
         with torch.no_grad():
-            layer(x, is_causal=True, cache=prefilled)
-            filled = fill_cache(layer, x, w)
+            layer(x, is_causal=True, cache=prefilled, rope_tables=tables)
+            filled = fill_cache(layer, x, w, rope)
         assert filled.length == prefilled.length == length, name
         assert len(filled.tensors()) == len(prefilled.tensors()), name
         for ours, theirs in zip(filled.tensors(), prefilled.tensors()):

@@ -123,11 +123,11 @@ def test_the_reviews_example_is_a_rope_mqa_transformer():
     full = Transformer(ModelConfig(), 20, 20)
     assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in full.parameters())
     for stack in (model.encoder, model.decoder):
-        assert stack.pos_encoding is None
+        assert stack.pos_encoding is None and isinstance(stack.rope, RotaryEmbedding)
         attention = stack.blocks[0].self_attn
-        assert attention.num_kv_heads == 1 and isinstance(attention.rope, RotaryEmbedding)
+        assert attention.num_kv_heads == 1 and attention.rotary  # by its stack's tables
     cross = model.decoder.blocks[0].cross_attn
-    assert cross.num_kv_heads == 1 and cross.rope is None
+    assert cross.num_kv_heads == 1 and not cross.rotary
 
 
 @pytest.mark.parametrize("position", ["sinusoidal", "rope", "alibi", "none"])

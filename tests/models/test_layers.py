@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import mhbook
+from mhbook.models.layers import Dropout
 
 
 def test_sinusoidal_encoding_follows_the_formula():
@@ -74,16 +75,16 @@ def test_dropout_zeroes_a_fraction_p_and_scales_the_rest(p):
     """Each value is kept with probability 1 - p and then scaled by exactly 1 / (1 - p);
     the gradient is the same noise (0 or 1 / (1 - p)). Like F.dropout."""
     torch.manual_seed(0)
-    dropout = torch.nn.Dropout(p).train()
+    dropout = Dropout(p).train()
     x = (torch.rand(200, 500) + 1).requires_grad_()  # in [1, 2): never 0 by chance
-    out = mhbook.models.layers._drop(dropout, x)
+    out = dropout(x)
     kept = out != 0
     scale = torch.ones(()).div_(1 - p)  # 1 / (1 - p) in float32, as F.dropout has it
     torch.testing.assert_close(out[kept], x[kept] * scale, rtol=0, atol=0)
     assert abs(kept.float().mean().item() - (1 - p)) < 0.005  # 100 000 draws: 5 sigma
     out.sum().backward()
     torch.testing.assert_close(x.grad, kept * scale, rtol=0, atol=0)
-    mean = mhbook.models.layers._drop(dropout, torch.ones(100_000)).mean().item()
+    mean = dropout(torch.ones(100_000)).mean().item()
     assert abs(mean - 1) < 0.02  # the expected value is kept
 
 
@@ -91,20 +92,21 @@ def test_dropout_does_nothing_in_eval_mode_or_with_p_0():
     """``x`` itself comes back, and no random number is drawn."""
     x = torch.randn(3, 4)
     state = torch.get_rng_state()
-    assert mhbook.models.layers._drop(torch.nn.Dropout(0.5).eval(), x) is x
-    assert mhbook.models.layers._drop(torch.nn.Dropout(0.0).train(), x) is x
+    assert Dropout(0.5).eval()(x) is x
+    assert Dropout(0.0).train()(x) is x
     assert torch.equal(torch.get_rng_state(), state)
-    all_dropped = mhbook.models.layers._drop(torch.nn.Dropout(1.0).train(), x)
+    all_dropped = Dropout(1.0).train()(x)
     assert torch.equal(all_dropped, torch.zeros_like(x))
 
 
 def test_dropout_is_seeded_by_the_global_generator():
-    dropout = torch.nn.Dropout(0.3).train()
+    dropout = Dropout(0.3).train()
     x = torch.randn(5, 6)
     torch.manual_seed(1)
-    a = mhbook.models.layers._drop(dropout, x)
+    a = dropout(x)
     torch.manual_seed(1)
-    assert torch.equal(a, mhbook.models.layers._drop(dropout, x))
+    assert torch.equal(a, dropout(x))
+    assert isinstance(dropout, torch.nn.Dropout) and repr(dropout) == repr(torch.nn.Dropout(0.3))
 
 
 # -- the positional encoding's table, kept between calls ------------------------------------

@@ -101,8 +101,8 @@ def test_window_uses_a_rolling_cache_equal_to_the_window_mask(name):
     if explicit.pos_encoding is not None:
         x = explicit.pos_encoding(x)
     mask = mhbook.causal_mask(10, window=window)
-    for block in explicit.blocks:
-        x = block(x, mask)
+    for block, tables in zip(explicit.blocks, explicit.rope_tables(None, 0, x)):
+        x = block(x, mask, rope_tables=tables)
     torch.testing.assert_close(full, explicit.output(explicit.norm(x)), **EXACT)
     assert not torch.allclose(full, explicit(tokens))  # the window matters
     stepped, cache = _stepwise_logits(lm, tokens, (1,))

@@ -40,8 +40,9 @@ def test_each_layer_uses_its_own_mask():
     lm = _lm(position="rope", window=3, global_every=2)
     tokens = _tokens()
     x = lm.embedding(tokens) * 4.0  # sqrt(d_model)
+    tables = lm.rope.tables(torch.arange(12), x.dtype)
     for block, window in zip(lm.blocks, lm.config.layer_windows):
-        x = block(x, mhbook.causal_mask(12, window=window))
+        x = block(x, mhbook.causal_mask(12, window=window), rope_tables=tables)
     torch.testing.assert_close(lm(tokens), lm.output(lm.norm(x)), **EXACT)
     for other in (_lm(position="rope", window=3), _lm(position="rope")):
         assert not torch.allclose(lm(tokens), other(tokens))  # neither all local nor global
@@ -136,21 +137,31 @@ def test_bad_input_is_refused_by_name():
 
 # -- a RoPE base per layer type (Gemma 3) -------------------------------------------------
 def test_the_global_layers_get_their_own_rope_base():
+    """One rotary embedding per kind of layer, on the model; the layers hold none, and the
+    layers of one kind get the same tables, made once."""
     lm = _lm(num_layers=4, window=4, global_every=2, global_rope_theta=1e6, position="rope")
-    bases = [block.self_attn.rope.rope_theta for block in lm.blocks]
-    assert bases == [10000.0, 1e6, 10000.0, 1e6]
     assert lm.global_rope.rope_theta == 1e6 and lm.rope.rope_theta == 10000.0
+    assert sum(isinstance(m, mhbook.RotaryEmbedding) for m in lm.modules()) == 2
+    assert all(block.self_attn.rope is None and block.self_attn.rotary for block in lm.blocks)
+    x = lm.embed(_tokens(length=6), "tokens")
+    tables = lm.rope_tables(None, 0, x)
+    assert tables[0] is tables[2] and tables[1] is tables[3] and tables[0] is not tables[1]
+    for ours, rope in zip(tables[:2], (lm.rope, lm.global_rope)):
+        for a, b in zip(ours, rope.tables(torch.arange(6), x.dtype)):
+            assert torch.equal(a, b)
 
 
 def test_the_model_hands_each_layer_the_tables_of_its_base():
-    """The model's forward (tables once per kind of layer) equals each layer computing its
-    own from its own RoPE; and a global base equal to rope_theta changes nothing."""
+    """The model's forward (tables once per kind of layer) equals its blocks rotated by
+    tables made apart, from each layer's base in the config; and a global base equal to
+    rope_theta changes nothing."""
     lm = _lm(num_layers=4, window=4, global_every=2, global_rope_theta=1e6, position="rope").eval()
     tokens = _tokens(length=12)
     with torch.no_grad():
         x = lm.embed(tokens, "tokens")
-        for block in lm.blocks:  # rope_tables=None: the layer's own rope makes them
-            x = block(x, is_causal=True)
+        for i, block in enumerate(lm.blocks):
+            rope = mhbook.RotaryEmbedding(lm.config.d_head, lm.config.layer_rope_theta(i))
+            x = block(x, is_causal=True, rope_tables=rope.tables(torch.arange(12), x.dtype))
         by_layer = lm.output(lm.norm(x))
         torch.testing.assert_close(lm(tokens), by_layer, **EXACT)
         plain = _lm(num_layers=4, window=4, global_every=2, position="rope").eval()

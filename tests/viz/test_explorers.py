@@ -149,7 +149,7 @@ def test_attention_explorer_html_is_self_contained_with_stable_ids():
     other = explorers.attention_explorer_html(TOKENS, X, AXES).data
     assert root_id(other) != uid  # a second explorer on the page gets its own ids
     for name in ("heatmap.js", "charts.js", "attention.js", "explorer.css"):
-        assert svg._static(name) in html
+        assert svg.static_text(name) in html
 
 
 def test_attention_explorer_html_takes_its_numbers_from_python():

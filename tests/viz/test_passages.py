@@ -54,7 +54,7 @@ def weights(model, ids):
 @torch.no_grad()
 def _by_hand(model, ids) -> np.ndarray:
     """softmax(Q K^T / sqrt(d_head) + causal mask) per head, from each attention layer's input
-    (caught by a hook on a plain forward) and its own W_q, W_k and rotary embedding."""
+    (caught by a hook on a plain forward), its own W_q and W_k and the model's rotary embedding."""
     inputs = []
     hooks = [
         block.self_attn.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
@@ -72,7 +72,7 @@ def _by_hand(model, ids) -> np.ndarray:
         q = attn.W_q(x).view(B, n, attn.num_heads, attn.d_head).transpose(1, 2)
         k = attn.W_k(x).view(B, n, attn.num_heads, attn.d_head).transpose(1, 2)
         positions = torch.arange(n)
-        q, k = attn.rope(q, positions), attn.rope(k, positions)
+        q, k = model.rope(q, positions), model.rope(k, positions)  # the model's RoPE
         scores = q @ k.transpose(-1, -2) / math.sqrt(attn.d_head)
         future = torch.ones(n, n, dtype=torch.bool).triu(1)
         layers.append(torch.softmax(scores.masked_fill(future, -math.inf), dim=-1))
@@ -176,7 +176,7 @@ def test_html_is_self_contained_with_stable_ids(weights):
     assert data["initial"] == {"passage": 0, "layer": 1, "head": 2}
     assert data["headLabels"][1][2] == "previous" and data["headLabels"][0] == [""] * 4
     for name in ("passages.js", "passages.css", "explorer.css", "viewer.css"):
-        assert svg._static(name) in html
+        assert svg.static_text(name) in html
     other = explorers.passage_explorer_html(tokens, weights, title="again").data
     assert root_id(other) != uid  # a second explorer on the page gets its own ids
 

@@ -186,7 +186,7 @@ def test_payload_text_and_heads(view, payload):
 
 
 def test_payload_weights_checks_its_size(payload):
-    broken = dict(payload, text=viewer._pack(b'{"src": [], "out": []}'))
+    broken = dict(payload, text=viewer.pack(b'{"src": [], "out": []}'))
     with pytest.raises(ValueError, match="bytes"):
         viewer.payload_weights(broken)
 
@@ -210,7 +210,7 @@ def test_html_is_self_contained_with_stable_ids(view, payload):
     assert "http" not in html  # no external script, style, font or namespace
     assert html.count("<script>") == 1
     for name in ("heatmap.js", "viewer.js", "explorer.css", "viewer.css"):
-        assert svg._static(name) in html
+        assert svg.static_text(name) in html
     data = _data(html)
     initial = data.pop("initial")
     assert data == json.loads(json.dumps(payload))

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..colours import COLOURMAP
 from .svg import colour_scale, colour_table, embed
-from .viewer import _pack, _select, _unpack, quantise
+from .viewer import pack, quantise, select, unpack
 
 __all__ = [
     "GLYPHS",
@@ -105,14 +105,14 @@ def passage_payload(tokens: Sequence[Sequence[str]], weights) -> dict:
         "length": T,
         "glyphs": GLYPHS,
         "scale": scale,
-        "weights": _pack(quantise(weights).tobytes(), level=6),
+        "weights": pack(quantise(weights).tobytes(), level=6),
     }
 
 
 def passage_payload_weights(payload: dict) -> np.ndarray:
     """The weights of ``passage_payload``, unpacked as the JavaScript reads them:
     ``(P, L, H, T, T)`` ``uint8`` (divide by 255 for the weights)."""
-    raw = np.frombuffer(_unpack(payload["weights"]), dtype=np.uint8)
+    raw = np.frombuffer(unpack(payload["weights"]), dtype=np.uint8)
     shape = tuple(payload[k] for k in ("numPassages", "numLayers", "numHeads", "length"))
     shape += (payload["length"],)
     if raw.size != np.prod(shape):
@@ -210,15 +210,15 @@ def passage_explorer_html(
 
     controls = (
         '<div class="mhbook-viewer-controls">'
-        + _select(
+        + select(
             uid,
             "passage",
             "passage",
             [(str(i), _passage_name(i, t)) for i, t in enumerate(tokens)],
             str(passage),
         )
-        + _select(uid, "layer", "layer", [(str(i), str(i + 1)) for i in range(L)], str(layer))
-        + _select(uid, "head", "head", [(str(h), head_name(h)) for h in range(H)], str(head))
+        + select(uid, "layer", "layer", [(str(i), str(i + 1)) for i in range(L)], str(layer))
+        + select(uid, "head", "head", [(str(h), head_name(h)) for h in range(H)], str(head))
         + "</div>"
     )
     body = (

@@ -501,7 +501,7 @@ def line_chart_svg(
 
 
 @cache
-def _static(name: str) -> str:
+def static_text(name: str) -> str:
     """The text of ``static/name``, shipped with the package."""
     return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
 
@@ -529,9 +529,10 @@ def embed(
         data: anything :func:`json.dumps` takes.
         css: a file name in ``static/``, or several, concatenated in order.
     """
-    code = "\n".join(_static(name) for name in scripts)
-    style = "".join(_static(name) for name in ([css] if isinstance(css, str) else css))
-    script = _static("embed.js").replace("/* UID */", json.dumps(uid)).replace("/* CODE */", code)
+    code = "\n".join(static_text(name) for name in scripts)
+    style = "".join(static_text(name) for name in ([css] if isinstance(css, str) else css))
+    script = static_text("embed.js").replace("/* UID */", json.dumps(uid))
+    script = script.replace("/* CODE */", code)
     return (
         f'<div class="mhbook-explorer" id="{html.escape(uid)}">'
         f"<style>{style}</style>"

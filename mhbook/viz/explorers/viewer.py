@@ -25,7 +25,7 @@ import zlib
 import numpy as np
 
 from ..attention_records import KINDS, ViewerData, layer_name
-from .svg import _static, colour_scale, colour_table, embed
+from .svg import colour_scale, colour_table, embed, static_text
 from .twin import redraw_on, widget_modules
 
 __all__ = [
@@ -49,13 +49,13 @@ def quantise(weights) -> np.ndarray:
 # ------------------------------------------------------------------------------ the payload
 
 
-def _pack(raw: bytes, level: int = 9) -> str:
+def pack(raw: bytes, level: int = 9) -> str:
     """zlib (what ``DecompressionStream("deflate")`` reads), then base64. ``level`` 6 is
     zlib's default: megabytes of weights deflate ten times faster than at 9, 8% larger."""
     return base64.b64encode(zlib.compress(raw, level)).decode("ascii")
 
 
-def _unpack(text: str) -> bytes:
+def unpack(text: str) -> bytes:
     return zlib.decompress(base64.b64decode(text))
 
 
@@ -125,20 +125,20 @@ def viewer_payload(view: ViewerData) -> dict:
         "loss": view.loss,
         "exact": view.exact,
         "heads": head_info,
-        "text": _pack(json.dumps(text, ensure_ascii=False, separators=(",", ":")).encode()),
-        "weights": _pack(b"".join(blobs)),
+        "text": pack(json.dumps(text, ensure_ascii=False, separators=(",", ":")).encode()),
+        "weights": pack(b"".join(blobs)),
     }
 
 
 def payload_text(payload: dict) -> dict:
     """The ``text`` blob of ``viewer_payload``, unpacked."""
-    return json.loads(_unpack(payload["text"]).decode("utf-8"))
+    return json.loads(unpack(payload["text"]).decode("utf-8"))
 
 
 def payload_weights(payload: dict) -> list[dict[str, np.ndarray]]:
     """The weights of ``viewer_payload``, unpacked as the JavaScript reads them:
     ``[{layer name: (num_heads, Lq, Lk) uint8}]``, one dict per number."""
-    raw = np.frombuffer(_unpack(payload["weights"]), dtype=np.uint8)
+    raw = np.frombuffer(unpack(payload["weights"]), dtype=np.uint8)
     text = payload_text(payload)
     L, H = payload["numLayers"], payload["numHeads"]
     result, offset = [], 0
@@ -170,7 +170,7 @@ def _format_number(n: int) -> str:
     return f"{n:,}".replace(",", "\u2009")
 
 
-def _select(uid: str, name: str, label: str, options: list[tuple[str, str]], value: str) -> str:
+def select(uid: str, name: str, label: str, options: list[tuple[str, str]], value: str) -> str:
     opts = "".join(
         f'<option value="{v}"{" selected" if v == value else ""}>{html.escape(t)}</option>'
         for v, t in options
@@ -332,24 +332,24 @@ def attention_viewer_html(
         f'<input id="{uid}-number" class="mhbook-viewer-number" type="text" inputmode="numeric" '
         f'list="{uid}-numbers" autocomplete="off" size="9" value="{number}"></label>'
         f'<datalist id="{uid}-numbers">{datalist}</datalist>'
-        + _select(uid, "pick", "or pick one", picks, str(index))
+        + select(uid, "pick", "or pick one", picks, str(index))
         + '<span class="mhbook-viewer-hint" aria-live="polite"></span></div>'
         '<div class="mhbook-viewer-controls">'
-        + _select(
+        + select(
             uid,
             "kind",
             "attention",
             [(str(k), n) for k, n in enumerate(kinds)],
             str(kinds.index(kind)),
         )
-        + _select(
+        + select(
             uid,
             "layer",
             "layer",
             [("all", "all layers")] + [(str(i), f"{i + 1}") for i in range(view.num_layers)],
             "all" if layer is None else str(layer),
         )
-        + _select(
+        + select(
             uid,
             "head",
             "head",
@@ -371,7 +371,7 @@ def attention_viewer_html(
         '<div class="mhbook-viewer-broken"></div>'
     )
     parts = [controls, ablation, maps] if ablation_first else [controls, maps, ablation]
-    body = f"<style>{_static('viewer.css')}</style>" + "".join(parts)
+    body = f"<style>{static_text('viewer.css')}</style>" + "".join(parts)
     html_text = embed(uid, body, ["heatmap.js", "viewer.js"], payload)
     return HTML(
         html_text.replace('class="mhbook-explorer"', 'class="mhbook-explorer mhbook-viewer"', 1)
