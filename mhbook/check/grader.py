@@ -268,7 +268,7 @@ def _tolerance_text(table: dict | None, why: str) -> str:
             f"rtol {_g(table[d][0])}, atol {_g(table[d][1])} for {str(d).removeprefix('torch.')}"
             for d in shown
         )
-        text = f"Tolerance: each value within atol + rtol * |expected|: {each}."
+        text = f"Tolerance: each value within atol + rtol * abs(expected): {each}."
     return textwrap.fill(f"{text} {why}".strip(), width=92)
 
 
