@@ -74,11 +74,34 @@ def setting_for(index: int) -> dict[str, str | None]:
     }
 
 
+#: Chapters that load a model another chapter trains (``train_once`` under a lock): a loader
+#: started beside the trainer waits for the model with its worker idle, or trains it itself,
+#: and its committed run (which loaded the checkpoint) hides that. So the trainer goes first,
+#: and each loader is ordered as if it were shorter by the training's seconds, so that other
+#: chapters run meanwhile. {trainer: (loaders, seconds of training in the committed run)}
+SHARED_MODELS = {
+    "14-a-small-llama.ipynb": (
+        ("15-heads-in-a-language-model.ipynb", "16-long-context.ipynb"),
+        100,
+    ),
+}
+
+
+def ordering_seconds(path: Path) -> float:
+    """The seconds that order ``path`` among the slow files (tests/conftest.py)."""
+    for trainer, (loaders, training) in SHARED_MODELS.items():
+        if path.name == trainer:
+            return 1e6  # first of all
+        if path.name in loaders:
+            return max(recorded_seconds(path) - training, 1.0)
+    return recorded_seconds(path)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items) -> None:
-    """Mark every chapter's cells ``slow`` with the seconds of the chapter's recorded run,
-    which order the files (tests/conftest.py)."""
-    seconds = functools.cache(recorded_seconds)
+    """Mark every chapter's cells ``slow`` with the seconds that order the files
+    (tests/conftest.py): the chapter's recorded run, as :func:`ordering_seconds` adjusts it."""
+    seconds = functools.cache(ordering_seconds)
     for item in items:
         path = Path(str(item.fspath))
         if path.suffix == ".ipynb":
