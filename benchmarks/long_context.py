@@ -254,7 +254,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--tune-every", type=int, default=25)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
-        "--checkpoint", type=Path, default=None, help="chapter 14's model (default: trained anew)"
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="chapter 14's model (default: the weights that ship with mhbook)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)

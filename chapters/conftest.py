@@ -75,15 +75,13 @@ def setting_for(index: int) -> dict[str, str | None]:
 
 
 #: Chapters that load a model another chapter trains (``train_once`` under a lock): a loader
-#: started beside the trainer waits for the model with its worker idle, or trains it itself,
-#: and its committed run (which loaded the checkpoint) hides that. So the trainer goes first,
-#: and each loader is ordered as if it were shorter by the training's seconds, so that other
-#: chapters run meanwhile. {trainer: (loaders, seconds of training in the committed run)}
+#: started beside the trainer waits for the model with its worker idle, or trains it itself
+#: (and chapter 6, which always retrains, then trains it again), and its committed run (which
+#: loaded the checkpoint) hides that. So the trainers go first, and each loader is ordered as
+#: if it were shorter by the training's seconds, so that other chapters run meanwhile.
+#: {trainer: (loaders, seconds of training in the committed run)}
 SHARED_MODELS = {
-    "14-a-small-llama.ipynb": (
-        ("15-heads-in-a-language-model.ipynb", "16-long-context.ipynb"),
-        100,
-    ),
+    "06-transformer.ipynb": (("07-why-several-heads.ipynb", "08-efficient-attention.ipynb"), 19),
 }
 
 
@@ -91,7 +89,7 @@ def ordering_seconds(path: Path) -> float:
     """The seconds that order ``path`` among the slow files (tests/conftest.py)."""
     for trainer, (loaders, training) in SHARED_MODELS.items():
         if path.name == trainer:
-            return 1e6  # first of all
+            return 1e6 + recorded_seconds(path)  # before every other file
         if path.name in loaders:
             return max(recorded_seconds(path) - training, 1.0)
     return recorded_seconds(path)

@@ -6,6 +6,11 @@ a lock on the checkpoint (two chapters started at once train once), it loads the
 if it was written for the same settings, and otherwise trains from a fixed seed and saves.
 :func:`mhbook.book_model` (Part II) and :func:`mhbook.shakespeare_model` (Part V) are
 built on it.
+
+A model too long to train in a chapter ships with the package, in ``trained/``: the file
+that the same call wrote (``python -m benchmarks.ship_models`` writes them), loaded where no
+checkpoint of the caller's is there. ``tests/training/test_trained.py`` checks that each one
+is what this code trains: written for today's settings, and retraced by its first steps.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from torch import nn
 
 from ..core.utils import save_checkpoint, set_seed
 
-__all__ = ["TrainedModel", "train_once"]
+__all__ = ["TrainedModel", "train_once", "shipped_weights"]
 
 # Bumped whenever fit's arithmetic changes (version 2: the fused AdamW; 3: the decoder's
 # self-attention with is_causal, dropout only where the paper puts it, drawn with
@@ -54,6 +59,7 @@ def train_once(
     seed: int,
     retrain: bool = False,
     progress: bool = True,
+    shipped: str | os.PathLike | None = None,
 ) -> tuple[nn.Module, dict | None]:
     """Load the model kept in ``checkpoint``, or train it now and keep it there.
 
@@ -63,7 +69,8 @@ def train_once(
     1. if ``checkpoint`` exists, ``retrain`` is false, and it holds every item of
        ``expected`` with the same value (and was written by this version of the trainer),
        the model is ``build()`` with the checkpoint's weights;
-    2. otherwise ``set_seed(seed)``, ``model = build()``, ``history = train(model)``, and
+    2. else the same with ``shipped``, the weights that ship with the package, if any;
+    3. otherwise ``set_seed(seed)``, ``model = build()``, ``history = train(model)``, and
        the model is saved there (:func:`mhbook.save_checkpoint`: a whole file or none) with
        ``history`` and ``expected``. ``checkpoint=None``: train, keep nothing.
 
@@ -73,6 +80,8 @@ def train_once(
         build: a fresh model on its device (seeded by the caller of ``build``).
         train: trains the model in place and returns its history (``fit``'s).
         progress: say why a checkpoint that is there is not used.
+        shipped: a checkpoint that the same call wrote, shipped with the package
+            (:func:`shipped_weights`); never written here.
 
     Returns:
         ``(model, history)``: the model in eval mode, and the training history (the stored
@@ -80,23 +89,28 @@ def train_once(
     """
     expected = {**expected, "trainer_version": _TRAINER_VERSION}
     with _exclusive(checkpoint):
-        if checkpoint is not None and Path(checkpoint).exists() and not retrain:
-            stored = _read_checkpoint(checkpoint, say=progress)
+        for path in () if retrain else (checkpoint, shipped):
+            if path is None or not Path(path).exists():
+                continue
+            stored = _read_checkpoint(path, say=progress)
             if stored and all(stored.get(k) == v for k, v in expected.items()):
                 model = build()
                 model.load_state_dict(stored["model"])
                 return model.eval(), stored.get("history")
             if stored and progress:
-                print(
-                    f"{checkpoint} was written for another configuration or by an older fit: "
-                    "training again."
-                )
+                print(f"{path} was written for another configuration or by an older fit: not used.")
         set_seed(seed)
         model = build()
         history = train(model)
         if checkpoint is not None:
             save_checkpoint(checkpoint, model, history=history, **expected)
         return model.eval(), history
+
+
+def shipped_weights(name: str) -> Path:
+    """The path of the trained model ``name`` that ships with mhbook, ``trained/{name}.pt``
+    in this folder (it may not exist: then the model is trained where it is asked for)."""
+    return Path(__file__).parent / "trained" / f"{name}.pt"
 
 
 @contextmanager
