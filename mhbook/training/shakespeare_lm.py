@@ -187,7 +187,7 @@ def copier_model(
     """Chapter 16's copier of seed ``seed`` (0, 1 and 2 ship), loaded or trained now.
 
     :data:`COPIER_MODEL` trained with :data:`COPIER_TRAIN` (seed ``seed`` for the weights and
-    the batches, one thread) on :class:`~mhbook.tasks.RepeatedRandom` sequences of
+    the batches, one thread) on ``mhbook.tasks.RepeatedRandom`` sequences of
     :data:`SHAKESPEARE_CONTEXT` characters of the Shakespeare model's vocabulary, a block of
     16 to 32 written again and again: about ten seconds on one CPU thread.
 
