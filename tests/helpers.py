@@ -122,3 +122,13 @@ def assert_self_contained(html: str) -> None:
         assert cid and cid.group(1) in labelled, f"control without a label: {control}"
     for tag in re.findall(r"<svg\b[^>]*>", html):
         assert 'role="img"' in tag and re.search(r'aria-label="[^"]{10,}"', tag), tag
+
+
+def short_validation(data, windows: int = 20):
+    """``data`` (a :class:`mhbook.tasks.shakespeare.TextData`) with only its first ``windows``
+    validation windows: a benchmark's validation loss over all 111,540 characters is most of
+    the time of a test that trains for two steps."""
+    from mhbook.tasks.shakespeare import TextData
+
+    valid = data.ids["valid"][: windows * data.context + 1]
+    return TextData(data.ids["train"], valid, data.context, tokenizer=data.tokenizer)

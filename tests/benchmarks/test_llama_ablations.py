@@ -7,14 +7,17 @@ import math
 
 import pytest
 import torch
+from helpers import short_validation
 
 from benchmarks import llama_ablations
 from mhbook import DecoderOnlyLM
 
-pytestmark = pytest.mark.slow(seconds=12)  # trains two models for two steps
+pytestmark = pytest.mark.slow(seconds=3)  # trains two models for two steps
 
 
-def test_the_ablation_benchmark_runs_for_two_steps(tmp_path):
+def test_the_ablation_benchmark_runs_for_two_steps(tmp_path, monkeypatch):
+    data = short_validation(llama_ablations._data())
+    monkeypatch.setattr(llama_ablations, "_data", lambda: data)
     out = tmp_path / "ablations.json"
     argv = ["--steps", "2", "--seeds", "0", "1", "--variants", "MHA"]
     llama_ablations.main([*argv, "--workers", "1", "--out", str(out)])

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import short_validation
 
 import mhbook
 from benchmarks import long_context
@@ -16,7 +17,7 @@ from mhbook.tasks.shakespeare import lm_loss
 from mhbook.training.checkpoints import TrainedModel
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN
 
-pytestmark = pytest.mark.slow(seconds=30)  # trains seven small runs of two steps
+pytestmark = pytest.mark.slow(seconds=10)  # trains seven small runs of two steps
 
 
 def test_the_start_token_comes_before_every_window():
@@ -73,9 +74,14 @@ def test_the_benchmark_runs_for_two_steps(tmp_path, monkeypatch):
         return TrainedModel(DecoderOnlyLM(SHAKESPEARE_MODEL, 65).eval(), None, None)
 
     monkeypatch.setattr(long_context, "shakespeare_model", untrained)
-    sequences, windows = long_context.validation_sequences, long_context.validation_windows
-    monkeypatch.setattr(long_context, "validation_sequences", lambda: sequences()[:2])
-    monkeypatch.setattr(long_context, "validation_windows", lambda: windows()[:4])
+    sequences, windows = (
+        long_context.validation_sequences()[:2],
+        long_context.validation_windows()[:4],
+    )
+    monkeypatch.setattr(long_context, "validation_sequences", lambda: sequences)
+    monkeypatch.setattr(long_context, "validation_windows", lambda: windows)
+    full_data = long_context._data
+    monkeypatch.setattr(long_context, "_data", lambda *a: short_validation(full_data(*a)))
     out = tmp_path / "long_context.json"
     argv = ["--sink-steps", "2", "--sink-seeds", "0", "--tune-steps", "2", "--tune-every", "1"]
     long_context.main([*argv, "--workers", "1", "--out", str(out)])
