@@ -29,7 +29,7 @@ import sys
 
 import torch
 
-from mhbook.training.checkpoints import shipped_weights
+from mhbook.training.checkpoints import TRAINED_DIR, shipped_weights
 from mhbook.training.shakespeare_lm import copier_model, shakespeare_model
 
 from .llama_ablations import _commit, _machine
@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
     args = parser.parse_args(argv)
-    record_path = shipped_weights("x").parent / "provenance.json"
+    record_path = TRAINED_DIR / "provenance.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {"models": {}}
     for name in args.only:
         path = shipped_weights(name)

@@ -28,6 +28,9 @@ from ..core.utils import save_checkpoint, set_seed
 
 __all__ = ["TrainedModel", "train_once", "shipped_weights"]
 
+#: Where the trained models that ship with mhbook are (package data), with ``provenance.json``.
+TRAINED_DIR = Path(__file__).parent / "trained"
+
 # Bumped whenever fit's arithmetic changes (version 2: the fused AdamW; 3: the decoder's
 # self-attention with is_causal, dropout only where the paper puts it, drawn with
 # rand_like), so that a model is trained again over a checkpoint this code would not
@@ -110,7 +113,7 @@ def train_once(
 def shipped_weights(name: str) -> Path:
     """The path of the trained model ``name`` that ships with mhbook, ``trained/{name}.pt``
     in this folder (it may not exist: then the model is trained where it is asked for)."""
-    return Path(__file__).parent / "trained" / f"{name}.pt"
+    return TRAINED_DIR / f"{name}.pt"
 
 
 @contextmanager

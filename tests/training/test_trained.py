@@ -14,9 +14,9 @@ import mhbook.training.shakespeare_lm as shakespeare_lm
 from mhbook import TrainConfig, fit, set_seed
 from mhbook.models.lm import DecoderOnlyLM
 from mhbook.tasks.shakespeare import lm_loss
-from mhbook.training.checkpoints import shipped_weights, train_once
+from mhbook.training.checkpoints import TRAINED_DIR, shipped_weights, train_once
 
-FOLDER = shipped_weights("x").parent
+FOLDER = TRAINED_DIR
 PROVENANCE = json.loads((FOLDER / "provenance.json").read_text())
 NAMES = ["shakespeare-llama", "copier-seed0", "copier-seed1", "copier-seed2"]
 REMAKE = "make them again with python -m benchmarks.ship_models"
