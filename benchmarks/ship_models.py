@@ -9,8 +9,8 @@ and each file's SHA-256 and last training loss.
 
 * ``shakespeare-llama``: :func:`mhbook.shakespeare_model` (chapters 14 to 16), 1,000 steps,
   about two minutes;
-* ``copier-seed0``, ``-seed1``, ``-seed2``: :func:`mhbook.copier_model` (chapter 16), about
-  ten seconds each.
+* ``copier-seed0``, ``-seed1``, ``-seed2``: :func:`mhbook.copier_model` (chapter 16), 11 to
+  14 seconds each.
 
 Run it after a change to what these calls train (their configs, ``fit``'s arithmetic):
 ``tests/training/test_trained.py`` fails until the files are made again, and names them.

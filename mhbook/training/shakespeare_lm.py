@@ -189,7 +189,7 @@ def copier_model(
     :data:`COPIER_MODEL` trained with :data:`COPIER_TRAIN` (seed ``seed`` for the weights and
     the batches, one thread) on ``mhbook.tasks.RepeatedRandom`` sequences of
     :data:`SHAKESPEARE_CONTEXT` characters of the Shakespeare model's vocabulary, a block of
-    16 to 32 written again and again: about ten seconds on one CPU thread.
+    16 to 32 written again and again: 11 to 14 seconds on one CPU thread.
 
     Args:
         checkpoint: where to keep it; default ``checkpoints/copier-seed{seed}.pt``.
