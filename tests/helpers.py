@@ -16,6 +16,10 @@ EXACT = {"rtol": 0, "atol": 1e-12}
 #: float64 through many operations done otherwise: transformers' code (its own projections
 #: and rotary embedding), or a whole model stepped through its KV cache.
 CLOSE = {"rtol": 0, "atol": 1e-10}
+#: float64 through RoPE at other positions of the same distances (attention with sinks
+#: rotates its recent keys at their columns, not its slots): RoPE's angles are float32, as
+#: in transformers, so the scores agree to the float32 rounding of the angles.
+ANGLES = {"rtol": 0, "atol": 1e-8}
 
 
 def seeded(*shape, seed=0, dtype=torch.float64):

@@ -179,8 +179,9 @@ class MultiHeadAttention(AttentionLayer):
                 keys and values and attends to all it holds; cross-attention projects the
                 memory into it on the first call.
             need_weights: also return the weights ``(batch, num_heads, T, S)``.
-            rope_tables: RoPE's ``(cos, sin)`` of ``positions`` (of the slots ``0 .. sinks
-                + window - 1`` when :attr:`streaming`), from the model, for ``rotary``.
+            rope_tables: RoPE's ``(cos, sin)`` of ``positions`` (when :attr:`streaming`,
+                of the positions ``0 .. N - 1`` or more, ``N`` the kept keys and the new
+                ones: the cache's columns), from the model, for ``rotary``.
 
         Returns:
             ``(output (batch, T, d_model), weights or None)``.
@@ -204,10 +205,10 @@ class MultiHeadAttention(AttentionLayer):
         if self.streaming:  # 2. to 4. at positions within the cache (keys cached unrotated)
             if cache is not None:  # (B, h_kv, kept + T, d_head)
                 k, v, _ = cache.update(k, v, window=self.window, sinks=self.sinks)
-            slots = torch.arange(self.sinks + self.window, device=q.device)
+            columns = torch.arange(k.size(2), device=q.device)  # the kept keys, the new ones
             heads, weights = attend_within_cache(
                 q, k, v, mask, window=self.window, sinks=self.sinks, attend=self.attend_heads,
-                slot_tables=self._rope_tables(rope_tables, slots, q.dtype), alibi=self.alibi,
+                tables=self._rope_tables(rope_tables, columns, q.dtype), alibi=self.alibi,
                 need_weights=keep,
             )  # fmt: skip
             return self._heads_out(heads, weights, need_weights)

@@ -8,17 +8,24 @@ exceeds ``sinks + window - 1``, however long the text. The first tokens' keys ar
 other positions than they were made at, so the cache keeps keys before RoPE and they are
 rotated anew at every step.
 
-Each query has its own ``K = sinks + window`` keys at its own positions, so each is a batch
-row of its own: ``(B * T, h, 1, d_head)`` over ``(B * T, h_kv, K, d_head)``.
+RoPE and ALiBi see only the distance between a query and a key. A recent key's distance
+to its query in the slots is its distance in the cache's columns (the recent keys fill
+the slots in column order, up to the query's own), so the recent keys are rotated once,
+at their columns, for every query, as in full attention. A sink's distance is the
+query's slot minus the sink's, ``min(c, sinks + window - 1) - s`` for the query in column
+``c``; so the sinks are attended as extra key columns, with the query rotated at its slot.
+One product gives both: each query's features are ``[q at its column | q at its slot]``,
+a recent key's ``[k at its column | 0]`` and a sink's ``[0 | k at its slot]``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 
-from ..core.masks import check_mask, window_slots
+from ..core.masks import causal_mask, check_mask
 from .rope import apply_rope
 
 __all__ = ["attend_within_cache"]
@@ -33,7 +40,7 @@ def attend_within_cache(
     window: int,
     sinks: int,
     attend: Callable,
-    slot_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     alibi: Callable | None = None,
     need_weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -50,8 +57,8 @@ def attend_within_cache(
         window, sinks: the layer's.
         attend: the layer's attention of split heads, ``attend(q, k, v, mask, *,
             need_weights, bias) -> (heads, weights)`` (``MultiHeadAttention.attend_heads``).
-        slot_tables: RoPE's ``(cos, sin)`` of the positions ``0 .. sinks + window - 1``
-            (``(sinks + window, w)``), or ``None`` without RoPE.
+        tables: RoPE's ``(cos, sin)`` of the positions ``0 .. N - 1`` or more (``(>= N,
+            w)``), or ``None`` without RoPE.
         alibi: an :class:`mhbook.ALiBi`, or ``None``.
         need_weights: also return the weights ``(B, h, T, N)``.
 
@@ -59,38 +66,45 @@ def attend_within_cache(
         ``(heads, weights or None)``: heads ``(B, h, T, d_v)``.
     """
     B, h, T, N = *q.shape[:3], k.size(2)
-    index, valid = window_slots(T, N, window, sinks, q.device)  # (T, K)
-    K = index.size(1)
-    k, v = k[:, :, index], v[:, :, index]  # (B, h_kv, T, K, d): each query's keys
-    q_positions = valid.sum(-1) - 1  # (T,): the query's own key is its last slot
-    if slot_tables is not None:
-        cos, sin = slot_tables
-        q, k = apply_rope(q, cos[q_positions], sin[q_positions]), apply_rope(k, cos, sin)
+    S = min(sinks, N)  # the sink columns there are
+    columns = torch.arange(N, device=q.device)
+    q_columns = columns[N - T :]  # (T,): the queries' own columns (bottom-right)
+    q_slots = q_columns.clamp(max=sinks + window - 1)  # (T,): the query's last slot
+    recent = causal_mask(T, N, q.device, window=window) & (columns >= sinks)  # (T, N)
+    seen_sinks = columns[:S] <= q_columns[:, None]  # (T, S): the sinks before the query
+    keys, values = torch.cat([k[:, :, :S], k], dim=2), torch.cat([v[:, :, :S], v], dim=2)
+    if tables is not None:
+        cos, sin = tables
+        if cos.size(-2) < N:
+            raise ValueError(
+                f"tables: a layer with sinks={sinks} needs RoPE's tables of the positions "
+                f"0 .. {N - 1} ({N} rows: the kept keys and the new ones), got {cos.size(-2)}"
+            )
+        cos, sin = cos[..., :N, :], sin[..., :N, :]
+        at_column = apply_rope(q, cos[..., q_columns, :], sin[..., q_columns, :])
+        at_slot = apply_rope(q, cos[..., q_slots, :], sin[..., q_slots, :])
+        # attend divides by sqrt(2 d_head); the scores are each half's q.k / sqrt(d_head)
+        q = torch.cat([at_column, at_slot], dim=-1) * math.sqrt(2)
+        sink_keys = apply_rope(k[:, :, :S], cos[..., :S, :], sin[..., :S, :])
+        recent_keys = apply_rope(k, cos, sin)
+        keys = torch.cat(
+            [
+                torch.cat([torch.zeros_like(sink_keys), sink_keys], dim=-1),
+                torch.cat([recent_keys, torch.zeros_like(recent_keys)], dim=-1),
+            ],
+            dim=2,
+        )  # (B, h_kv, S + N, 2 d_head)
     bias = None
-    if alibi is not None:
-        bias = alibi(q_positions, torch.arange(K, device=q.device), q.dtype)  # (h, T, K)
-        bias = _rows(bias.unsqueeze(0).expand(B, -1, -1, -1))
-    allowed = valid.expand(B, 1, T, K)
-    if mask is not None:  # the mask's columns, slot by slot
+    if alibi is not None:  # the same distances: the sinks' from the query's slot
+        bias = torch.cat(
+            [alibi(q_slots, columns[:S], q.dtype), alibi(q_columns, columns, q.dtype)], dim=-1
+        )  # (h, T, S + N)
+    allowed = torch.cat([seen_sinks, recent], dim=-1)  # (T, S + N)
+    if mask is not None:  # the mask's columns: the sinks' again, then all
         check_mask(mask, (B, h, T, N), q.device)
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-        mask = mask.expand(B, mask.size(1), T, N)
-        allowed = allowed & mask.gather(-1, index.expand(B, mask.size(1), T, K))
-    heads, weights = attend(
-        _rows(q), _rows(k), _rows(v), _rows(allowed), need_weights=need_weights, bias=bias
-    )
-    heads = heads.reshape(B, T, h, -1).transpose(1, 2)  # (B, h, T, d_v)
-    if weights is not None:  # back to the columns of the N keys
-        weights = weights.reshape(B, T, h, K).transpose(1, 2)
-        full = weights.new_zeros(B, h, T, N)
-        weights = full.scatter_add(-1, index.expand(B, h, T, K), weights)
+        mask = mask.expand(*mask.shape[:-1], N)
+        allowed = allowed & torch.cat([mask[..., :S], mask], dim=-1)
+    heads, weights = attend(q, keys, values, allowed, need_weights=need_weights, bias=bias)
+    if weights is not None:  # back to the N columns (the recent part's first S are masked)
+        weights = torch.cat([weights[..., :S], weights[..., 2 * S :]], dim=-1)
     return heads, weights
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """``(B, heads, T, ...)`` -> ``(B * T, heads, 1, ...)``: each query a batch row of its
-    own, with its own keys (``(B, heads, T, K, d)`` -> ``(B * T, heads, K, d)``)."""
-    x = x.transpose(1, 2)
-    if x.dim() == 4:  # (B, T, heads, d): one query
-        x = x.unsqueeze(3)
-    return x.reshape(x.size(0) * x.size(1), *x.shape[2:])

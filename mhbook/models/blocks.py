@@ -410,8 +410,9 @@ class Stack(nn.Module):
 
         Layer ``i``'s kind comes from the config: its base ``config.layer_rope_theta(i)``,
         and whether it positions its keys within the cache (a local layer with
-        ``config.sinks``, StreamingLLM: the tables of the slots ``0 .. sinks + window - 1``)
-        or at the tokens' ``positions``.
+        ``config.sinks``, StreamingLLM: the tables of the positions ``0 .. sinks + window +
+        T - 1``, every column of its keys, the kept ones and the ``T`` new ones) or at the
+        tokens' ``positions``.
 
         Args:
             positions: ``(T,)`` or ``(batch, T)`` positions of the ``T`` new tokens, or
@@ -436,7 +437,10 @@ class Stack(nn.Module):
             kind = (float(config.layer_rope_theta(i)), window is not None and config.sinks > 0)
             if kind not in made:
                 theta, slots = kind
-                at = torch.arange(config.sinks + window, device=x.device) if slots else positions
+                if slots:  # every column of the layer's keys: the kept ones, the new ones
+                    at = torch.arange(config.sinks + window + x.size(1), device=x.device)
+                else:
+                    at = positions
                 made[kind] = ropes[theta].tables(at, x.dtype)
             tables.append(made[kind])
         return tables
