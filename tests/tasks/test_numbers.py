@@ -1,5 +1,7 @@
 """The English-to-French number-words task of mhbook.tasks.numbers."""
 
+import random
+
 import pytest
 import torch
 
@@ -203,3 +205,19 @@ def test_translate_plumbing(data):
     model = _Echo(torch.tensor([v.encode(tokenize("quatre-vingts")) + [v.eos_id]]))
     assert data.translate(model, [80], max_len=7) == ["quatre-vingts"]
     assert model.calls == [((1, 2), v.bos_id, v.eos_id, 7, True)]
+
+
+def test_the_words_are_num2words_own():
+    """english_words and french_words take num2words' converters with their table cut at a
+    million (its whole table makes it several times slower): the same words, every number
+    below 2,000, the edges of each power of ten, and thousands of random ones."""
+    from num2words import num2words
+
+    import mhbook.tasks.numbers as numbers
+
+    rng = random.Random(0)
+    edges = [k * 10**p + d for p in range(1, 7) for k in (1, 2, 9) for d in (-1, 0, 1)]
+    for n in [*range(2_000), *edges, *(rng.randrange(10**6) for _ in range(5_000)), 12_345_678]:
+        assert english_words(n) == num2words(n, lang="en").lower().replace(",", ""), n
+        assert french_words(n) == num2words(n, lang="fr").lower(), n
+    assert numbers._below_a_million("fr").cards is not numbers.CONVERTER_CLASSES["fr"].cards
