@@ -41,6 +41,7 @@ __all__ = [
     "NUMBER_LM_POSITIONS",
     "NUMBER_LM_WINDOWS",
     "number_lm_train",
+    "position_task",
     "position_data",
     "window_data",
     "position_model",
@@ -86,11 +87,15 @@ def number_lm_train(device: torch.device | str | None = None) -> TrainConfig:
     return cpu_or_gpu(NUMBER_LM_TRAIN, NUMBER_LM_GPU_TRAIN, device)
 
 
+def position_task() -> PromptCompletion:
+    """Chapter 11's task: 20,000 training pairs, 1,000 test pairs."""
+    return PromptCompletion(num_train=20_000, num_valid=0, num_test=1_000)
+
+
 def position_data() -> PromptStream:
-    """Chapter 11's data: 20,000 training pairs as one stream in windows of
-    :data:`POSITION_TRAIN_LEN` tokens; its ``data`` (1,000 test pairs) is the task."""
-    task = PromptCompletion(num_train=20_000, num_valid=0, num_test=1_000)
-    return PromptStream(task, POSITION_TRAIN_LEN)
+    """Chapter 11's training data: :func:`position_task`'s training pairs as one stream in
+    windows of :data:`POSITION_TRAIN_LEN` tokens (the task is its ``data``)."""
+    return PromptStream(position_task(), POSITION_TRAIN_LEN)
 
 
 def window_data() -> PromptCompletion:
