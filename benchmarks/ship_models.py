@@ -18,8 +18,8 @@ and each file's SHA-256 and last training loss.
 Run it after a change to what these calls train (their configs, ``fit``'s arithmetic):
 ``tests/training/test_trained.py`` fails until the files are made again, and names them.
 A CPU's floating-point kernels change the last bits of the weights, so the chapters'
-committed outputs are those of the machine that made the files; rerun the chapters of Part V
-after shipping new ones.
+committed outputs are those of the machine that made the files; rerun the chapters that load
+them (11, 12 and Part V's) after shipping new ones.
 """
 
 from __future__ import annotations
