@@ -40,7 +40,6 @@ __all__ = [
     "POSITION_TRAIN_LEN",
     "NUMBER_LM_POSITIONS",
     "NUMBER_LM_WINDOWS",
-    "number_lm_train",
     "position_task",
     "position_data",
     "window_data",
@@ -79,14 +78,6 @@ _SEED = 0  # the weights' seed (the batches' is NUMBER_LM_TRAIN.seed, also 0)
 _VERSION = 1  # bump when what the same configs train changes
 
 
-def number_lm_train(device: torch.device | str | None = None) -> TrainConfig:
-    """:data:`NUMBER_LM_TRAIN` on a CPU, :data:`NUMBER_LM_GPU_TRAIN` on a GPU (or with
-    ``MHBOOK_GPU_SIZES=1``, :func:`mhbook.cpu_or_gpu`); ``device`` default
-    :func:`mhbook.get_device`."""
-    device = torch.device(device) if device is not None else get_device()
-    return cpu_or_gpu(NUMBER_LM_TRAIN, NUMBER_LM_GPU_TRAIN, device)
-
-
 def position_task() -> PromptCompletion:
     """Chapter 11's task: 20,000 training pairs, 1,000 test pairs."""
     return PromptCompletion(num_train=20_000, num_valid=0, num_test=1_000)
@@ -115,7 +106,8 @@ def position_model(
     loaded or trained now.
 
     :data:`NUMBER_LM` with that position, trained from ``set_seed(0)`` with
-    :func:`number_lm_train` on :func:`position_data`
+    :data:`NUMBER_LM_TRAIN` (on a GPU, or with ``MHBOOK_GPU_SIZES=1``,
+    :data:`NUMBER_LM_GPU_TRAIN`: :func:`mhbook.cpu_or_gpu`) on :func:`position_data`
     (:func:`~mhbook.tasks.number_prompts.stream_loss`): about 20 seconds on one CPU thread.
 
     Args:
@@ -152,7 +144,7 @@ def window_model(
     attention; 16 and 8 ship), loaded or trained now.
 
     :data:`NUMBER_LM` with that window, trained from ``set_seed(0)`` with
-    :func:`number_lm_train` on :func:`window_data`
+    :data:`NUMBER_LM_TRAIN` (on a GPU :data:`NUMBER_LM_GPU_TRAIN`) on :func:`window_data`
     (:func:`~mhbook.tasks.number_prompts.completion_loss`): about 20 seconds on one CPU
     thread.
 
@@ -186,7 +178,7 @@ def _number_lm(name, config, data, loss_fn, checkpoint, *, retrain, progress, de
     task = data.data if isinstance(data, PromptStream) else data
     vocab_size = len(task.vocab)
     device = torch.device(device) if device is not None else get_device()
-    train = number_lm_train(device)
+    train = cpu_or_gpu(NUMBER_LM_TRAIN, NUMBER_LM_GPU_TRAIN, device)
     expected = {
         "model_config": dataclasses.asdict(config),
         "train_config": dataclasses.asdict(train),
