@@ -10,13 +10,16 @@ and each file's SHA-256 and last training loss.
 * ``shakespeare-llama``: :func:`mhbook.shakespeare_model` (chapters 14 to 16), 1,000 steps,
   about two minutes;
 * ``copier-seed0``, ``-seed1``, ``-seed2``: :func:`mhbook.copier_model` (chapter 16), 11 to
-  14 seconds each.
+  14 seconds each;
+* ``position-sinusoidal``, ``-rope``, ``-alibi``: :func:`mhbook.position_model` (chapter 11),
+  and ``window-full``, ``-16``, ``-8``: :func:`mhbook.window_model` (chapter 12), about 20
+  seconds each.
 
 Run it after a change to what these calls train (their configs, ``fit``'s arithmetic):
 ``tests/training/test_trained.py`` fails until the files are made again, and names them.
 A CPU's floating-point kernels change the last bits of the weights, so the chapters'
-committed outputs are those of the machine that made the files; rerun the chapters of Part V
-after shipping new ones.
+committed outputs are those of the machine that made the files; rerun the chapters that load
+them (11, 12 and Part V's) after shipping new ones.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ import sys
 import torch
 
 from mhbook.training.checkpoints import TRAINED_DIR, shipped_weights
+from mhbook.training.number_lms import (
+    NUMBER_LM_POSITIONS,
+    NUMBER_LM_WINDOWS,
+    position_model,
+    window_model,
+)
 from mhbook.training.shakespeare_lm import copier_model, shakespeare_model
 
 from .llama_ablations import _commit, _machine
@@ -44,6 +53,20 @@ MODELS = {
             lambda path, seed=seed: copier_model(seed, path, retrain=True, device="cpu")
         )
         for seed in (0, 1, 2)
+    },
+    **{
+        f"position-{position}": (
+            lambda path, position=position: position_model(
+                position, path, retrain=True, device="cpu"
+            )
+        )
+        for position in NUMBER_LM_POSITIONS
+    },
+    **{
+        f"window-{window or 'full'}": (
+            lambda path, window=window: window_model(window, path, retrain=True, device="cpu")
+        )
+        for window in NUMBER_LM_WINDOWS
     },
 }
 

@@ -14,6 +14,11 @@ scored by generating the completion greedily after each test prompt
 
 The numbers and the train/valid/test split are those of
 :class:`~mhbook.tasks.numbers.NumberTranslation`: the same task, as one sequence.
+
+:class:`PromptStream` reads the training pairs the way language models read text: one
+stream of ``english = french <eos>`` pairs, cut into windows at random places, with the
+loss :func:`stream_loss` on the completions that lie whole in a window (chapter 11 trains
+on windows of 32 tokens and tests on longer ones).
 """
 
 from __future__ import annotations
@@ -25,11 +30,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.validate import check_int
 from .bleu import translation_scores
 from .numbers import NumberTranslation, Vocab, detokenize, english_words, tokenize
-from .splits import SPLITS, PaddedSplits, pad
+from .splits import SPLITS, PaddedSplits, check_split, pad
 
-__all__ = ["SEPARATOR", "LMBatch", "PromptCompletion", "completion_loss", "evaluate_lm"]
+__all__ = [
+    "SEPARATOR",
+    "LMBatch",
+    "PromptCompletion",
+    "completion_loss",
+    "evaluate_lm",
+    "StreamBatch",
+    "PromptStream",
+    "stream_loss",
+]
 
 #: The token between the prompt and the completion.
 SEPARATOR = "="
@@ -96,6 +111,12 @@ class PromptCompletion:
     def encode_completion(self, french: str) -> list[int]:
         """French words -> the completion's ids, ``<eos>`` included."""
         return self.vocab.encode(tokenize(french)) + [self.vocab.eos_id]
+
+    def encode_pair(self, english: str | int, french: str) -> tuple[list[int], list[bool]]:
+        """The ids of ``english = french <eos>``, and for each id whether it is in the
+        completion (French then ``<eos>``)."""
+        prompt, completion = self.encode_prompt(english), self.encode_completion(french)
+        return prompt + completion, [False] * len(prompt) + [True] * len(completion)
 
     def decode_completion(self, ids: torch.Tensor | Sequence[int]) -> str:
         """Generated ids -> French words, cut at the first ``<eos>``."""
@@ -239,3 +260,103 @@ def evaluate_lm(
         "hypotheses": hypotheses,
         "references": references,
     }
+
+
+class StreamBatch(NamedTuple):
+    """Windows of :class:`PromptStream`'s stream.
+
+    Attributes:
+        tokens: ``(batch, length + 1)`` ids: the model reads the first ``length`` and
+            predicts the last ``length``.
+        counted: ``(batch, length + 1)`` bool: the completion tokens whose whole pair lies in
+            the window, the ones the loss counts (as targets).
+    """
+
+    tokens: torch.Tensor
+    counted: torch.Tensor
+
+
+class PromptStream:
+    """The training pairs of a :class:`PromptCompletion` as one stream, in windows.
+
+    The stream is ``english = french <eos> english = french <eos> ...`` in the order of
+    ``data.pairs("train")``. Each epoch cuts it into windows of ``length + 1`` tokens from a
+    new random offset (below ``length``) and shuffles them, with fit's generator, the way
+    language models are trained on text. Windows start and end anywhere, in the middle of a
+    pair too; :func:`stream_loss` counts only the completions whose whole pair is in the
+    window. Only ``"train"`` has windows (the other splits yield none, so ``fit`` skips
+    validation).
+
+    Args:
+        data: the pairs, their vocabulary and their encoding.
+        length: the tokens a window gives the model (its context in training).
+
+    Attributes:
+        ids, completion, pair_start: ``(N,)`` the stream's ids, whether each is a completion
+            token, and where its pair starts in the stream.
+    """
+
+    def __init__(self, data: PromptCompletion, length: int):
+        if not isinstance(data, PromptCompletion):
+            raise TypeError(f"data must be a PromptCompletion, got {type(data).__name__}")
+        check_int("length", length, 1)
+        ids, completion, pair_start = [], [], []
+        for english, french in data.pairs("train"):
+            pair, is_completion = data.encode_pair(english, french)
+            pair_start += [len(ids)] * len(pair)
+            ids += pair
+            completion += is_completion
+        self.data, self.length = data, length
+        self.ids, self.completion = torch.tensor(ids), torch.tensor(completion)
+        self.pair_start = torch.tensor(pair_start)
+
+    def __repr__(self) -> str:
+        return f"PromptStream({self.ids.numel():,} tokens, windows of {self.length})"
+
+    def batches(
+        self,
+        split: str = "train",
+        batch_size: int = 64,
+        shuffle: bool | None = None,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+        drop_last: bool = False,
+    ) -> Iterator[StreamBatch]:
+        """One pass over the stream cut from a random offset, in shuffled windows (the batch
+        protocol of :func:`mhbook.fit`; ``shuffle`` and ``drop_last`` are ignored: the
+        windows are always shuffled, and the last batch may be smaller).
+
+        Yields:
+            :class:`StreamBatch` of ``(batch_size, length + 1)`` tensors on ``device``.
+        """
+        if check_split(split) != "train":
+            return
+        offset = int(torch.randint(self.length, (1,), generator=generator))  # new cuts each epoch
+        n = (self.ids.numel() - 1 - offset) // self.length
+        rows = offset + torch.arange(n)[:, None] * self.length + torch.arange(self.length + 1)
+        for chunk in torch.randperm(n, generator=generator).split(batch_size):
+            index = rows[chunk]  # (batch, length + 1) positions in the stream
+            whole_pair = self.pair_start[index] >= index[:, :1]  # the pair starts in the window
+            counted = self.completion[index] & whole_pair
+            yield StreamBatch(self.ids[index].to(device), counted.to(device))
+
+    def loss_fn(self, model: nn.Module, batch: StreamBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """This data's loss, the one :func:`mhbook.fit` takes from it: :func:`stream_loss`."""
+        return stream_loss(model, batch)
+
+
+def stream_loss(model: nn.Module, batch: StreamBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of the next-token predictions of the counted (completion) tokens of
+    :class:`PromptStream`'s windows.
+
+    The model reads ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``; the prediction of a
+    target counts where ``counted[:, 1:]`` is true.
+
+    Returns:
+        ``(loss, n_tokens)``: the mean over the counted tokens, and their number.
+    """
+    tokens, counted = batch
+    logits = model(tokens[:, :-1])  # (batch, length, vocab)
+    losses = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+    n_tokens = counted[:, 1:].sum()
+    return (losses * counted[:, 1:]).sum() / n_tokens.clamp(min=1), n_tokens

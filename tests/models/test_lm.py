@@ -366,3 +366,75 @@ def test_fit_trains_the_lm_with_completion_loss(task):
     assert history["valid_step"] == [30, 60]
     result = mhbook.evaluate_lm(lm, task, "valid")
     assert 0.0 <= result["exact_match"] <= 1.0 and len(result["hypotheses"]) == 20
+
+
+# -- the training pairs as one stream (chapter 11) ------------------------------------------
+def test_prompt_stream_is_the_pairs_one_after_another(task):
+    stream = mhbook.PromptStream(task, 16)
+    pairs = [task.encode_pair(en, fr) for en, fr in task.pairs("train")]
+    assert stream.ids.tolist() == [i for ids, _ in pairs for i in ids]
+    assert stream.completion.tolist() == [c for _, counted in pairs for c in counted]
+    first = len(pairs[0][0])
+    assert stream.pair_start[:first].tolist() == [0] * first and stream.pair_start[first] == first
+    assert repr(stream) == f"PromptStream({stream.ids.numel():,} tokens, windows of 16)"
+
+
+def test_prompt_stream_windows_count_the_completions_of_whole_pairs(task):
+    stream = mhbook.PromptStream(task, 16)
+    generator = torch.Generator().manual_seed(1)
+    windows = list(stream.batches("train", 8, generator=generator))
+    tokens = torch.cat([w.tokens for w in windows])
+    assert tokens.shape[1] == 17 and all(w.tokens.size(0) <= 8 for w in windows)
+    # one epoch: every window once, cut from one offset below the window's length
+    starts = sorted(int(_find(stream.ids, row)) for row in tokens)
+    offset = starts[0]
+    assert offset < 16 and starts == list(range(offset, offset + 16 * len(starts), 16))
+    for window in windows:
+        for row, counted in zip(*window):
+            start = _find(stream.ids, row)
+            index = torch.arange(start, start + 17)
+            whole = stream.pair_start[index] >= start  # the pair begins inside the window
+            assert torch.equal(counted, stream.completion[index] & whole)
+    assert list(stream.batches("valid")) == [] and list(stream.batches("test")) == []
+    with pytest.raises(ValueError, match="split must be one of"):
+        next(stream.batches("bogus"))
+
+
+def _find(ids, row):
+    """Where ``row`` starts in ``ids`` (the first match)."""
+    n = row.numel()
+    for start in range(ids.numel() - n + 1):
+        if torch.equal(ids[start : start + n], row):
+            return start
+    raise AssertionError("window not in the stream")
+
+
+def test_stream_loss_counts_the_counted_targets_only(task):
+    stream = mhbook.PromptStream(task, 16)
+    batch = next(stream.batches("train", 4, generator=torch.Generator().manual_seed(0)))
+    logits = torch.randn(4, 16, len(task.vocab), requires_grad=True)
+
+    class Fixed(nn.Module):
+        def forward(self, tokens):
+            assert tokens.shape == (4, 16)
+            return logits
+
+    loss, n_tokens = mhbook.stream_loss(Fixed(), batch)
+    expected = batch.counted[:, 1:]
+    assert int(n_tokens) == int(expected.sum()) > 0
+    loss.backward()
+    assert torch.equal(logits.grad.abs().sum(-1) > 0, expected)
+    manual = F.cross_entropy(logits[expected], batch.tokens[:, 1:][expected])
+    torch.testing.assert_close(loss, manual)
+    assert stream.loss_fn(Fixed(), batch)[0] == loss
+
+
+def test_prompt_stream_and_the_number_lms_name_bad_arguments(task):
+    with pytest.raises(TypeError, match="data must be a PromptCompletion, got list"):
+        mhbook.PromptStream([], 16)
+    with pytest.raises(ValueError, match="length must be an int >= 1, got 0"):
+        mhbook.PromptStream(task, 0)
+    with pytest.raises(ValueError, match=r"position must be one of \('sinusoidal', 'rope'"):
+        mhbook.position_model("learned")
+    with pytest.raises(ValueError, match="window"):
+        mhbook.window_model(0)

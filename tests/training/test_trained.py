@@ -10,20 +10,36 @@ import json
 import pytest
 import torch
 
+import mhbook.training.number_lms as number_lms
 import mhbook.training.shakespeare_lm as shakespeare_lm
 from mhbook import TrainConfig, fit, set_seed
 from mhbook.models.lm import DecoderOnlyLM
+from mhbook.tasks.number_prompts import completion_loss, stream_loss
 from mhbook.tasks.shakespeare import lm_loss
 from mhbook.training.checkpoints import TRAINED_DIR, shipped_weights, train_once
 
 FOLDER = TRAINED_DIR
 PROVENANCE = json.loads((FOLDER / "provenance.json").read_text())
-NAMES = ["shakespeare-llama", "copier-seed0", "copier-seed1", "copier-seed2"]
+NUMBER_LMS = {  # chapters 11 and 12: name -> the call that loads it, and its loss
+    **{
+        f"position-{position}": (lambda path, p=position: number_lms.position_model(
+            p, path, device="cpu"), stream_loss)
+        for position in number_lms.NUMBER_LM_POSITIONS
+    },
+    **{
+        f"window-{window or 'full'}": (lambda path, w=window: number_lms.window_model(
+            w, path, device="cpu"), completion_loss)
+        for window in number_lms.NUMBER_LM_WINDOWS
+    },
+}  # fmt: skip
+NAMES = ["shakespeare-llama", "copier-seed0", "copier-seed1", "copier-seed2", *NUMBER_LMS]
 REMAKE = "make them again with python -m benchmarks.ship_models"
 
 
 def _load(name, tmp_path):
     """The model and data the chapters' call returns, from a folder with no checkpoint."""
+    if name in NUMBER_LMS:
+        return NUMBER_LMS[name][0](tmp_path / "none.pt")
     if name == "shakespeare-llama":
         return shakespeare_lm.shakespeare_model(tmp_path / "none.pt", progress=False, device="cpu")
     seed = int(name.removeprefix("copier-seed"))
@@ -44,6 +60,7 @@ def test_the_chapters_load_it_without_training(name, tmp_path, monkeypatch):
         raise AssertionError(f"{name}.pt does not match what the code trains today: {REMAKE}")
 
     monkeypatch.setattr(shakespeare_lm, "fit", refuse)
+    monkeypatch.setattr(number_lms, "fit", refuse)
     model, _, history = _load(name, tmp_path)
     assert history["step"][-1] == PROVENANCE["models"][name]["steps"]
     assert not (tmp_path / "none.pt").exists()  # loading writes nothing
@@ -53,7 +70,8 @@ def test_the_chapters_load_it_without_training(name, tmp_path, monkeypatch):
 def test_training_again_retraces_its_first_steps(name, tmp_path):
     """From the shipped model's seed, 20 steps of its training give the losses it recorded
     (the learning rate of the first steps does not depend on the number of steps: the
-    Shakespeare model is in its warm-up, the copier's is constant)."""
+    Shakespeare model and chapters 11 and 12's are in their warm-up, the copier's is
+    constant). Their weights' seed is their batches' seed."""
     shipped, data, history = _load(name, tmp_path)
     stored = torch.load(shipped_weights(name), map_location="cpu", weights_only=True)
     train = TrainConfig(**stored["train_config"])
@@ -61,7 +79,8 @@ def test_training_again_retraces_its_first_steps(name, tmp_path):
     assert train.warmup_steps >= steps or train.min_lr_ratio == 1.0
     set_seed(train.seed)
     model = DecoderOnlyLM(shipped.config, shipped.vocab_size)
-    again = fit(model, data, train.replace(num_steps=steps, eval_every=0), loss_fn=lm_loss,
+    loss_fn = NUMBER_LMS[name][1] if name in NUMBER_LMS else lm_loss
+    again = fit(model, data, train.replace(num_steps=steps, eval_every=0), loss_fn=loss_fn,
                 progress=False)  # fmt: skip
     recorded = torch.tensor(history["loss"][:steps])
     diff = (torch.tensor(again["loss"]) - recorded).abs().max().item()
