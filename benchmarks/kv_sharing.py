@@ -108,7 +108,7 @@ def main(argv=None) -> dict:
     vocab_size = len(_data().vocab)
     configs = budget_configs(vocab_size)
     result = {
-        "command": "python -m benchmarks.kv_sharing " + " ".join(argv or sys.argv[1:]),
+        "command": " ".join(["python -m benchmarks.kv_sharing", *(argv or sys.argv[1:])]),
         "commit": _commit(),
         "date": datetime.date.today().isoformat(),
         "machine": _machine(),
