@@ -34,7 +34,7 @@ chapter's 64 test sequences (a block of 32 random characters written twice,
 The results file, ``mhbook/training/measured/induction_heads.json``, holds the command,
 commit, machine and date that made it; chapter 15 loads it
 (``mhbook.load_measured("induction_heads")``). About a minute and a half of one thread on the
-2-core machine with nothing else running (the chapter's three runs add about 40 seconds).
+2-core machine with nothing else running (the chapter's three runs add about 30 seconds).
 """
 
 from __future__ import annotations
