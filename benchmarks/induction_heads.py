@@ -159,7 +159,8 @@ def chapter_run(name: str, sequences: torch.Tensor, steps: int, every: int) -> d
         "blocks_24": {"second": at_24["second"], "induction": at_24["induction"]},
     }
     if name == "copier" and steps == COPIER_TRAIN.num_steps:
-        shipped = torch.load(shipped_weights("copier-seed0"), map_location="cpu")["model"]
+        shipped = torch.load(shipped_weights("copier-seed0"), map_location="cpu", weights_only=True)
+        shipped = shipped["model"]
         out["max_weight_diff_from_shipped"] = max(
             (w - shipped[k]).abs().max().item() for k, w in model.state_dict().items()
         )
