@@ -14,7 +14,7 @@ import mhbook
 from benchmarks import induction_heads
 from mhbook.training.shakespeare_lm import COPIER_TRAIN, copier_model
 
-pytestmark = pytest.mark.slow(seconds=15)  # trains the toy model for a few steps, 3 x 50 more
+pytestmark = pytest.mark.slow(seconds=6)  # trains the toy model for a few steps, 3 x 50 more
 
 RECORD = mhbook.load_measured("induction_heads")
 REMAKE = "make the record again with python -m benchmarks.induction_heads"

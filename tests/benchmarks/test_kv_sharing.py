@@ -22,7 +22,7 @@ from mhbook.training.kv_sharing import (
     train_variant,
 )
 
-pytestmark = pytest.mark.slow(seconds=4)  # trains two models for two steps, one for twenty
+pytestmark = pytest.mark.slow(seconds=2)  # trains two models for two steps, one for twenty
 
 RECORD = mhbook.load_measured("kv_sharing")
 REMAKE = "make the record again with python -m benchmarks.kv_sharing"
