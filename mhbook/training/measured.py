@@ -2,8 +2,9 @@
 package (``measured/*.json``) so that the chapters plot them in the book, in Jupyter and in
 Colab alike. Each file holds the command, commit, machine and date that made it.
 
-``benchmarks/llama_ablations.py`` writes ``llama_ablations.json`` (chapter 14),
-``benchmarks/induction_from_text.py`` ``induction_from_text.json`` (chapter 15) and
+``benchmarks/kv_sharing.py`` writes ``kv_sharing.json`` (chapter 10),
+``benchmarks/llama_ablations.py`` ``llama_ablations.json`` (chapter 14),
+``benchmarks/induction_heads.py`` ``induction_heads.json`` (chapter 15) and
 ``benchmarks/long_context.py`` ``long_context.json`` (chapter 16).
 """
 
