@@ -10,7 +10,11 @@ and each file's SHA-256 and last training loss.
 * ``shakespeare-llama``: :func:`mhbook.shakespeare_model` (chapters 14 to 16), 1,000 steps,
   about two minutes;
 * ``copier-seed0``, ``-seed1``, ``-seed2``: :func:`mhbook.copier_model` (chapter 16), 11 to
-  14 seconds each.
+  14 seconds each;
+* ``head-counts-h4-seed0`` to ``-seed2`` and ``head-counts-member-seed100`` to ``-seed111``:
+  chapter 7's 4-head models and ensemble members
+  (:data:`mhbook.training.head_counts.SHIPPED_MODELS`, ``head_count_model``), a second or two
+  each.
 
 Run it after a change to what these calls train (their configs, ``fit``'s arithmetic):
 ``tests/training/test_trained.py`` fails until the files are made again, and names them.
@@ -30,6 +34,7 @@ import sys
 import torch
 
 from mhbook.training.checkpoints import TRAINED_DIR, shipped_weights
+from mhbook.training.head_counts import SHIPPED_MODELS, head_count_model
 from mhbook.training.shakespeare_lm import copier_model, shakespeare_model
 
 from .llama_ablations import _commit, _machine
@@ -44,6 +49,14 @@ MODELS = {
             lambda path, seed=seed: copier_model(seed, path, retrain=True, device="cpu")
         )
         for seed in (0, 1, 2)
+    },
+    **{
+        name: (
+            lambda path, h=h, seed=seed, changes=changes: head_count_model(
+                h, seed, checkpoint=path, retrain=True, device="cpu", **changes
+            )
+        )
+        for name, (h, seed, changes) in SHIPPED_MODELS.items()
     },
 }
 
