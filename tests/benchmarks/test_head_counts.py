@@ -20,7 +20,7 @@ from mhbook.training.head_counts import (
     SEEDS,
 )
 
-pytestmark = pytest.mark.slow(seconds=6)  # trains 12 small models for two steps
+pytestmark = pytest.mark.slow(seconds=10)  # trains and measures 12 small models, two steps each
 
 KEYS = {
     "kernel", "variant", "num_heads", "seed", "d_model", "d_head", "parameters", "test_loss",
