@@ -3,8 +3,9 @@ package (``measured/*.json``) so that the chapters plot them in the book, in Jup
 Colab alike. Each file holds the command, commit, machine and date that made it.
 
 ``benchmarks/llama_ablations.py`` writes ``llama_ablations.json`` (chapter 14),
-``benchmarks/induction_from_text.py`` ``induction_from_text.json`` (chapter 15) and
-``benchmarks/long_context.py`` ``long_context.json`` (chapter 16).
+``benchmarks/induction_from_text.py`` ``induction_from_text.json`` (chapter 15),
+``benchmarks/long_context.py`` ``long_context.json`` (chapter 16) and
+``benchmarks/head_counts.py`` ``head_counts.json`` (chapter 7).
 """
 
 from __future__ import annotations

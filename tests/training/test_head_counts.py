@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import mhbook
+from mhbook import TrainConfig
 from mhbook.training import head_counts
-from mhbook.training.checkpoints import TRAINED_DIR
+from mhbook.training.checkpoints import TRAINED_DIR, shipped_weights
 from mhbook.training.head_counts import (
     ENSEMBLE_MEMBER,
     HEAD_COUNT_TRAIN,
@@ -81,13 +82,16 @@ def test_the_chapter_loads_it_without_training_and_it_is_the_recorded_run(name, 
 
 @pytest.mark.parametrize("name", ["head-counts-h4-seed0", "head-counts-member-seed100"])
 def test_training_again_retraces_its_warmup(name):
-    """From its seed, the warm-up steps of the shipped model's training give the losses it
-    recorded (another CPU's kernels change the last bits, which 20 steps barely grow)."""
+    """From its seed, the chapter's and the benchmark's call (``train_small``) retraces the
+    warm-up of the shipped model's training, with the settings stored in the file (another
+    CPU's kernels change the last bits, which 20 steps barely grow)."""
     num_heads, seed, changes = SHIPPED_MODELS[name]
-    _, _, history = head_count_model(num_heads, seed, device="cpu", **changes)
+    stored = torch.load(shipped_weights(name), map_location="cpu", weights_only=True)
+    train = TrainConfig(**stored["train_config"])
     steps = 20
-    assert HEAD_COUNT_TRAIN.warmup_steps >= steps  # the learning rate does not depend on num_steps
-    again = train_small(num_heads, seed, train=HEAD_COUNT_TRAIN.replace(num_steps=steps),
-                        device="cpu", **changes).history  # fmt: skip
-    diff = (torch.tensor(again["loss"]) - torch.tensor(history["loss"][:steps])).abs().max()
+    assert train.warmup_steps >= steps  # the learning rate does not depend on num_steps
+    again = train_small(num_heads, seed, train=train.replace(num_steps=steps), device="cpu",
+                        **changes).history  # fmt: skip
+    recorded = torch.tensor(stored["history"]["loss"][:steps])
+    diff = (torch.tensor(again["loss"]) - recorded).abs().max().item()
     assert diff < 1e-3, f"{name}: the first {steps} losses differ by {diff:.2e}: {REMAKE}"
