@@ -34,6 +34,7 @@ import torch
 from ..core.config import ModelConfig, TrainConfig
 from ..core.utils import get_device, set_seed
 from ..models.transformer import Transformer
+from ..tasks.bleu import exact_match
 from ..tasks.numbers import NumberTranslation
 from .checkpoints import TrainedModel, shipped_weights, train_once
 from .trainer import cpu_threads, fit, valid_loss
@@ -52,7 +53,6 @@ __all__ = [
     "head_count_data",
     "small_model",
     "train_small",
-    "exact_match",
     "head_count_run",
     "head_count_model",
     "shipped_name",
@@ -147,24 +147,17 @@ def train_small(
     return TrainedModel(model, data, history)
 
 
-@torch.no_grad()
-def exact_match(model: torch.nn.Module, data: NumberTranslation, split: str = "test") -> float:
-    """The fraction of ``split`` that ``model`` translates exactly right (greedy, KV cache)."""
-    pairs = data.pairs(split)
-    hypotheses = data.translate(model, [en for en, _ in pairs])
-    return sum(h == fr for h, (_, fr) in zip(hypotheses, pairs)) / len(pairs)
-
-
 def head_count_run(num_heads: int, seed: int, head_dim: int | None = None, **options) -> dict:
     """One run of the sweep: :func:`train_small` (``options``: its keyword arguments), then
     the model measured on the test split, on one CPU thread: ``test_loss`` (teacher-forced,
     nats per token), ``exact_match`` (greedy, 0 to 1), and ``train_loss`` (every step's)."""
     model, data, history = train_small(num_heads, seed, head_dim, **options)
+    english, french = zip(*data.pairs("test"))
     on_cpu = next(model.parameters()).device.type == "cpu"
     with cpu_threads(1 if on_cpu else None):
         return {
             "test_loss": valid_loss(model, data, "test"),
-            "exact_match": exact_match(model, data),
+            "exact_match": exact_match(data.translate(model, english), french),
             "train_loss": history["loss"],
         }
 
