@@ -13,13 +13,17 @@ and each file's SHA-256 and last training loss.
   14 seconds each;
 * ``position-sinusoidal``, ``-rope``, ``-alibi``: :func:`mhbook.position_model` (chapter 11),
   and ``window-full``, ``-16``, ``-8``: :func:`mhbook.window_model` (chapter 12), about 20
-  seconds each.
+  seconds each;
+* ``head-counts-h4-seed0`` to ``-seed2`` and ``head-counts-member-seed100`` to ``-seed111``:
+  chapter 7's 4-head models and ensemble members
+  (:data:`mhbook.training.head_counts.SHIPPED_MODELS`, ``head_count_model``), a second or two
+  each.
 
 Run it after a change to what these calls train (their configs, ``fit``'s arithmetic):
 ``tests/training/test_trained.py`` fails until the files are made again, and names them.
 A CPU's floating-point kernels change the last bits of the weights, so the chapters'
 committed outputs are those of the machine that made the files; rerun the chapters that load
-them (11, 12 and Part V's) after shipping new ones.
+them (7, 11, 12 and Part V's) after shipping new ones.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import sys
 import torch
 
 from mhbook.training.checkpoints import TRAINED_DIR, shipped_weights
+from mhbook.training.head_counts import SHIPPED_MODELS, head_count_model
 from mhbook.training.number_lms import (
     NUMBER_LM_POSITIONS,
     NUMBER_LM_WINDOWS,
@@ -67,6 +72,14 @@ MODELS = {
             lambda path, window=window: window_model(window, path, retrain=True, device="cpu")
         )
         for window in NUMBER_LM_WINDOWS
+    },
+    **{
+        name: (
+            lambda path, h=h, seed=seed, changes=changes: head_count_model(
+                h, seed, checkpoint=path, retrain=True, device="cpu", **changes
+            )
+        )
+        for name, (h, seed, changes) in SHIPPED_MODELS.items()
     },
 }
 

@@ -2,7 +2,8 @@
 package (``measured/*.json``) so that the chapters plot them in the book, in Jupyter and in
 Colab alike. Each file holds the command, commit, machine and date that made it.
 
-``benchmarks/kv_sharing.py`` writes ``kv_sharing.json`` (chapter 10),
+``benchmarks/head_counts.py`` writes ``head_counts.json`` (chapter 7),
+``benchmarks/kv_sharing.py`` ``kv_sharing.json`` (chapter 10),
 ``benchmarks/llama_ablations.py`` ``llama_ablations.json`` (chapter 14),
 ``benchmarks/induction_heads.py`` ``induction_heads.json`` (chapter 15) and
 ``benchmarks/long_context.py`` ``long_context.json`` (chapter 16).

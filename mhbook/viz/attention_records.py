@@ -177,6 +177,16 @@ def _teacher_forced_weights(model, data, english, out_ids, device, batch_size):
     return result
 
 
+@torch.no_grad()
+def _loss(model, data, split: str, batch_size: int, first: int | None) -> float:
+    """The teacher-forced loss per token of the split (:func:`mhbook.valid_loss`), or of its
+    first ``first`` sentences (one batch of them)."""
+    if first is None:
+        return valid_loss(model, data, split, batch_size)
+    batch = next(iter(data.batches(split, first, device=next(model.parameters()).device)))
+    return data.loss_fn(model, batch)[0].item()
+
+
 def viewer_data(
     model,
     data,
@@ -184,8 +194,10 @@ def viewer_data(
     batch_size: int = 500,
     max_len: int | None = None,
     num_threads: int | None = 1,
+    first: int | None = None,
 ) -> ViewerData:
-    """Record what the viewer shows, for every number of ``split`` (see ``ViewerData``).
+    """Record what the viewer shows, for every number of ``split`` (see ``ViewerData``), or
+    for its first ``first`` numbers.
 
     The weights come from one teacher-forced pass over the model's own greedy output. Each
     head is then removed in turn with ``head_mask``, as chapter 7 does: one teacher-forced
@@ -202,6 +214,8 @@ def viewer_data(
         num_threads: on a CPU, run PyTorch on this many threads meanwhile (``None``: as it
             is). One thread, the default, as :func:`mhbook.fit` trains: small batches
             gain little from more, and threads that wait for a busy core lose a lot.
+        first: only the first ``first`` numbers of the split, their losses too (chapter 7's
+            viewer: the 500 numbers its ablation table scores); default every number.
     """
     device = next(model.parameters()).device
     if max_len is None:
@@ -215,6 +229,12 @@ def viewer_data(
     num_layers = len(model.encoder.blocks)
     num_heads = next(iter(layers.values())).num_heads
     pairs = data.pairs(split)
+    if first is not None:
+        if isinstance(first, bool) or not isinstance(first, int) or not 1 <= first <= len(pairs):
+            raise ValueError(
+                f"first must be an int from 1 to {len(pairs)} ({split}), got {first!r}"
+            )
+        pairs = pairs[:first]
     english = [en for en, _ in pairs]
     tgt_tokens = data.tgt_vocab.id_to_token
     with cpu_threads(num_threads if device.type == "cpu" else None):
@@ -229,7 +249,7 @@ def viewer_data(
 
             view = ViewerData(
                 split=split,
-                numbers=list(data.numbers[split]),
+                numbers=list(data.numbers[split])[: len(pairs)],
                 english=english,
                 reference=[fr for _, fr in pairs],
                 translation=[words(o) for o in out_ids],
@@ -241,7 +261,7 @@ def viewer_data(
                 weights=weights,
                 num_layers=num_layers,
                 num_heads=num_heads,
-                loss=valid_loss(model, data, split, batch_size),
+                loss=_loss(model, data, split, batch_size, first),
                 head_loss={},
                 head_translation={},
             )
@@ -249,7 +269,7 @@ def viewer_data(
                 mask = torch.ones(num_heads, device=device)
                 mask[i] = 0.0
                 layers[name].head_mask = mask
-                view.head_loss[name, i] = valid_loss(model, data, split, batch_size)
+                view.head_loss[name, i] = _loss(model, data, split, batch_size, first)
                 ablated = _greedy_ids(model, data, english, device, max_len, batch_size)
                 view.head_translation[name, i] = [words(o) for o in ablated]
                 layers[name].head_mask = None

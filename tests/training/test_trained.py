@@ -17,6 +17,7 @@ from mhbook.models.lm import DecoderOnlyLM
 from mhbook.tasks.number_prompts import completion_loss, stream_loss
 from mhbook.tasks.shakespeare import lm_loss
 from mhbook.training.checkpoints import TRAINED_DIR, shipped_weights, train_once
+from mhbook.training.head_counts import SHIPPED_MODELS
 
 FOLDER = TRAINED_DIR
 PROVENANCE = json.loads((FOLDER / "provenance.json").read_text())
@@ -47,9 +48,10 @@ def _load(name, tmp_path):
 
 
 def test_every_shipped_file_is_recorded():
-    assert sorted(p.stem for p in FOLDER.glob("*.pt")) == sorted(NAMES)
-    assert sorted(PROVENANCE["models"]) == sorted(NAMES)
-    for name in NAMES:
+    every = NAMES + list(SHIPPED_MODELS)  # chapter 7's: tests/training/test_head_counts.py
+    assert sorted(p.stem for p in FOLDER.glob("*.pt")) == sorted(every)
+    assert sorted(PROVENANCE["models"]) == sorted(every)
+    for name in every:
         digest = hashlib.sha256(shipped_weights(name).read_bytes()).hexdigest()
         assert digest == PROVENANCE["models"][name]["sha256"], f"{name}.pt is not the recorded file"
 

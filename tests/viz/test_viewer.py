@@ -18,7 +18,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import mhbook  # noqa: E402
-from mhbook.tasks.numbers import NumberTranslation, detokenize, tokenize  # noqa: E402
+from mhbook.tasks.numbers import (  # noqa: E402
+    NumberTranslation,
+    detokenize,
+    sequence_loss,
+    tokenize,
+)
 from mhbook.training.trainer import valid_loss  # noqa: E402
 from mhbook.viz import attention_records as analysis  # noqa: E402
 from mhbook.viz.explorers import svg, viewer  # noqa: E402
@@ -127,6 +132,36 @@ def test_ablations_are_those_of_head_mask(view, model_and_data):
     )
     # an untrained model's translations change when a head goes
     assert any(view.head_translation[h] != view.translation for h in view.heads)
+
+
+def test_the_first_numbers_are_those_of_the_whole_view(view, model_and_data):
+    """viewer_data(first=n) records the first n numbers as the whole split's view does, and
+    their losses as a split of those n alone would have them (chapter 7's viewer)."""
+    model, data = model_and_data
+    n = 10
+    part = analysis.viewer_data(model, data, batch_size=10, max_len=8, first=n)
+    assert len(part) == n and part.numbers == view.numbers[:n]
+    assert part.translation == view.translation[:n] and part.reference == view.reference[:n]
+    assert all(part.head_translation[h] == view.head_translation[h][:n] for h in view.heads)
+    assert all(
+        np.array_equal(part.weights[k][name], view.weights[k][name])
+        for k in range(n)
+        for name in view.weights[k]
+    )
+    # the loss of the first n alone: the cross-entropy of their teacher-forced predictions
+    batch = next(iter(data.batches("test", n)))
+    with torch.no_grad():
+        logits = model(batch.src, batch.tgt_in, batch.src_valid_lens)
+    assert part.loss == pytest.approx(
+        sequence_loss(logits, batch.tgt_out, data.tgt_vocab.pad_id).item()
+    )
+    assert part.loss != pytest.approx(view.loss)
+    all_of_it = analysis.viewer_data(model, data, batch_size=10, max_len=8, first=NUM_TEST)
+    assert all_of_it.loss == pytest.approx(view.loss)
+    assert all_of_it.head_loss == pytest.approx(view.head_loss)
+    for bad in (0, NUM_TEST + 1, 2.0, True):
+        with pytest.raises(ValueError, match=f"first must be an int from 1 to {NUM_TEST}"):
+            analysis.viewer_data(model, data, first=bad)
 
 
 def test_refuses_a_model_with_heads_removed(model_and_data):
