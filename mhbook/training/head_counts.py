@@ -78,6 +78,7 @@ HEAD_COUNTS = (1, 2, 4, 8, 16, 32)
 SEEDS = (0, 1, 2)
 #: The numbers of heads trained again with heads of size :data:`FIXED_HEAD_DIM`.
 FIXED_HEAD_COUNTS = (8, 16)
+#: The size of each head in those runs.
 FIXED_HEAD_DIM = 16
 
 #: An ensemble member: one head, half the width of the sweep's models (fields of

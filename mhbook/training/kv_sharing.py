@@ -36,7 +36,7 @@ __all__ = [
     "train_variant",
 ]
 
-#: The numbers below 1,000: 700 to train on, 50 to validate on, 250 to test on.
+#: The numbers below a thousand, 700 to train on, 50 to validate on and 250 to test on.
 SHARING_DATA = {"max_number": 999, "num_train": 700, "num_valid": 50, "num_test": 250}
 
 #: Multi-head attention with ``d_ff`` 128: the budget every variant is matched to.
