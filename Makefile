@@ -15,6 +15,10 @@ setup: $(VENV)/.installed
 # files every kernel and worker compiles torch & co. again (PYTHONDONTWRITEBYTECODE may be
 # set), which made the tests 90 s slower. uv does not read pip's configuration, so pip's
 # find-links (where a machine keeps wheels on disk, here the CPU build of torch) are handed on.
+# jupyter-events asks for jsonschema's format checkers; one of them, rfc3987-syntax, builds a
+# Lark grammar whenever jsonschema is imported: 2 CPU-s in every process that reads a notebook
+# (nbformat) or glues a number (myst-nb), some twenty in `make test`. Nothing here checks the
+# syntax of IRIs, and jsonschema leaves that checker out when the package is missing.
 FIND_LINKS = $(sort $(shell python3 -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\(.*\)'$$/\1/p"))
 
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -22,6 +26,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet uv==0.13.9
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python $(addprefix --find-links ,$(FIND_LINKS)) \
 		-r requirements.txt -e . || $(BIN)/python -m pip install --quiet -r requirements.txt -e .
+	$(BIN)/python -m pip uninstall --quiet --yes rfc3987-syntax
 	touch $@
 
 # Debian's Chromium for the browser test (Playwright drives it; no browser is downloaded).
