@@ -46,8 +46,10 @@ def chapters() -> list[Path]:
 
 
 def chapters_to_run() -> list[Path]:
-    """Chapter 1 and the quickest other chapter, as Colab opens them: their reader copies in
-    ``notebooks/`` (``_ext/reader_notebooks.py``; the same code cells, outputs left out)."""
+    """Chapter 1 (run from the wheel, ``tests/book/test_release.py``) and the quickest other
+    chapter (run through the Colab cell, ``tests/book/test_colab.py``), as Colab opens them:
+    their reader copies in ``notebooks/`` (``_ext/reader_notebooks.py``; the same code cells,
+    outputs left out)."""
     found = chapters()
     if not found:
         return []
