@@ -322,19 +322,30 @@ class PromptStream:
         generator: torch.Generator | None = None,
         drop_last: bool = False,
     ) -> Iterator[StreamBatch]:
-        """One pass over the stream cut from a random offset, in shuffled windows (the batch
-        protocol of :func:`mhbook.fit`; ``shuffle`` and ``drop_last`` are ignored: the
-        windows are always shuffled, and the last batch may be smaller).
+        """One pass over the stream in windows of ``length + 1`` tokens (the batch protocol
+        of :func:`mhbook.fit`).
+
+        Args:
+            shuffle: ``None`` or ``True`` (training): the stream cut from a random offset
+                below ``length``, the windows in a random order, both drawn from
+                ``generator``; ``False``: cut from offset 0, the windows in stream order.
+            drop_last: leave out a last batch smaller than ``batch_size``.
 
         Yields:
             :class:`StreamBatch` of ``(batch_size, length + 1)`` tensors on ``device``.
         """
         if check_split(split) != "train":
             return
-        offset = int(torch.randint(self.length, (1,), generator=generator))  # new cuts each epoch
+        check_int("batch_size", batch_size, 1)
+        shuffle = shuffle is not False
+        # a new cut each epoch
+        offset = int(torch.randint(self.length, (1,), generator=generator)) if shuffle else 0
         n = (self.ids.numel() - 1 - offset) // self.length
         rows = offset + torch.arange(n)[:, None] * self.length + torch.arange(self.length + 1)
-        for chunk in torch.randperm(n, generator=generator).split(batch_size):
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        for chunk in order.split(batch_size):
+            if drop_last and chunk.numel() < batch_size:
+                return
             index = rows[chunk]  # (batch, length + 1) positions in the stream
             whole_pair = self.pair_start[index] >= index[:, :1]  # the pair starts in the window
             counted = self.completion[index] & whole_pair

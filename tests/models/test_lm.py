@@ -400,6 +400,28 @@ def test_prompt_stream_windows_count_the_completions_of_whole_pairs(task):
         next(stream.batches("bogus"))
 
 
+def test_prompt_stream_obeys_shuffle_and_drop_last(task):
+    """shuffle=False: the windows in stream order from offset 0; drop_last leaves out the
+    smaller last batch. Training's order (shuffle None or True) is one and the same."""
+    stream = mhbook.PromptStream(task, 16)
+    n = (stream.ids.numel() - 1) // 16
+    assert n % 8, "pick a batch size that leaves a smaller last batch"
+    ordered = list(stream.batches("train", 8, shuffle=False))
+    tokens = torch.cat([w.tokens for w in ordered])
+    assert tokens.shape == (n, 17) and ordered[-1].tokens.size(0) == n % 8
+    assert torch.equal(tokens, stream.ids[torch.arange(n)[:, None] * 16 + torch.arange(17)])
+    dropped = list(stream.batches("train", 8, shuffle=False, drop_last=True))
+    assert len(dropped) == n // 8 and all(w.tokens.size(0) == 8 for w in dropped)
+    runs = [
+        torch.cat([w.tokens for w in stream.batches("train", 8, shuffle=s, generator=g)])
+        for s in (None, True)
+        for g in [torch.Generator().manual_seed(3)]
+    ]
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], tokens)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
+        next(stream.batches("train", 0))
+
+
 def _find(ids, row):
     """Where ``row`` starts in ``ids`` (the first match)."""
     n = row.numel()
