@@ -502,6 +502,28 @@ def test_a_cache_that_dropped_tokens_is_refused_by_a_layer_that_needs_them():
     lms["full"](tokens[:, 3:4], cache=fresh)
 
 
+def test_a_cache_of_keys_before_rope_is_refused_by_a_layer_that_rotates_them():
+    """A layer with sinks and RoPE (StreamingLLM) caches its keys before RoPE and positions
+    them within the cache; a layer without sinks caches them rotated at their text positions.
+    Nothing was dropped (3 tokens), so only how the keys are positioned tells the two apart:
+    read by the other kind, the keys would be at the wrong positions, a finite, wrong answer."""
+    lms = _windowed_lms(streaming={"window": 4, "sinks": 2}, full={}, local={"window": 4})
+    tokens = torch.randint(0, 20, (2, 4), generator=torch.Generator().manual_seed(0))
+    streamed = lms["streaming"].new_cache()
+    lms["streaming"](tokens[:, :3], cache=streamed)
+    rotated = lms["full"].new_cache()
+    lms["full"](tokens[:, :3], cache=rotated)
+    for name, cache, held, wanted in (
+        ("full", streamed, "within the cache (before RoPE)", "at their text positions"),
+        ("local", streamed, "within the cache (before RoPE)", "at their text positions"),
+        ("streaming", rotated, "at their text positions", "within the cache (before RoPE)"),
+    ):
+        with pytest.raises(ValueError, match=shapes(f"positioned {held}", f"them {wanted}")):
+            lms[name](tokens[:, 3:], cache=cache.copy())
+    lms["streaming"](tokens[:, 3:], cache=streamed.copy())  # each reads its own
+    lms["local"](tokens[:, 3:], cache=rotated.copy())
+
+
 def test_a_narrower_window_reads_a_wider_windows_cache():
     """What a layer needs is the last window - 1 tokens: a window of 3 finds them in a cache
     of window 4, and (one layer: the same keys) gives what it gives on the whole text."""

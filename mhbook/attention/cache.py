@@ -57,6 +57,10 @@ class LayerCache:
         keys, values: ``(batch, h_kv, S, d_head)`` self-attention keys and values of
             the tokens kept (``S <= sinks + window``), or ``None`` before the first step.
             Keys before RoPE for a layer with sinks (it positions them within the cache).
+        within_cache: ``True`` when the keys are positioned within the cache by the layer
+            that reads them (cached before RoPE: StreamingLLM's sinks), ``False`` when they
+            are cached at their text positions; ``None`` before the first update. A layer of
+            the other kind refuses the cache: the keys would be read at the wrong positions.
         latent: ``(batch, S, d_latent)`` instead of keys and values (latent attention).
         length: tokens seen so far, kept or not.
         kept_sinks: once tokens were dropped (``num_kept < length``), how many of the first
@@ -81,6 +85,7 @@ class LayerCache:
         self.memory_keys: torch.Tensor | None = None
         self.memory_values: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
+        self.within_cache: bool | None = None
 
     def update(
         self,
@@ -90,6 +95,7 @@ class LayerCache:
         *,
         window: int | None = None,
         sinks: int = 0,
+        within_cache: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Add the keys and values of new tokens.
 
@@ -103,6 +109,8 @@ class LayerCache:
                 tokens for the next call; ``None``: keep every token.
             sinks: with a ``window``, also keep the first ``sinks`` tokens for good
                 (StreamingLLM's attention sinks): ``S <= sinks + window``, the sinks first.
+            within_cache: whether the updating layer positions the keys within the cache
+                (they come before RoPE); every update of a cache must say the same.
 
         Returns:
             ``(keys, values, positions)``: keys and values ``(batch, h_kv, S + T, ...)``,
@@ -116,7 +124,7 @@ class LayerCache:
         Raises:
             ValueError: if the cache dropped tokens that a layer of this ``window`` and
                 ``sinks`` needs (e.g. it rolled with a window of 4 and the update is full
-                attention's).
+                attention's), or if its keys are positioned otherwise (``within_cache``).
         """
         check_window(window, sinks)
         self._refuse_mixing("keys and values", self.latent, "a latent")
@@ -133,6 +141,7 @@ class LayerCache:
                 f"holds {'no ' if self.positions is None else ''}positions of its keys"
             )
         self._check_holds(window, sinks)
+        self._check_positioned(bool(within_cache))
         if positions is not None:
             positions = _append_positions(self.positions, positions)
             self.positions = _trim(positions, -1, window, sinks)
@@ -190,6 +199,19 @@ class LayerCache:
             f"layer with {kept}); a layer with {layer}{f', sinks={sinks}' if sinks else ''} "
             "needs tokens it dropped: fill a cache with the model that reads it"
         )
+
+    def _check_positioned(self, within_cache: bool) -> None:
+        """Refuse keys positioned otherwise than the ones held; remember how they are."""
+        where = {True: "within the cache (before RoPE)", False: "at their text positions"}
+        if self.keys is not None and self.within_cache != within_cache:
+            raise ValueError(
+                f"within_cache: this LayerCache holds the keys of {self.length} tokens "
+                f"positioned {where[self.within_cache]}, and the update's layer positions "
+                f"them {where[within_cache]}: a layer with sinks and RoPE or ALiBi "
+                "(StreamingLLM) and one without cannot share a cache; fill a cache with the "
+                "model that reads it"
+            )
+        self.within_cache = within_cache
 
     def _refuse_mixing(self, new: str, held: torch.Tensor | None, kind: str) -> None:
         if held is not None:

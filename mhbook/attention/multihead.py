@@ -204,7 +204,9 @@ class MultiHeadAttention(AttentionLayer):
         q = self.split_heads(self.W_q(query))  # (B, h, T, d_head)
         if self.streaming:  # 2. to 4. at positions within the cache (keys cached unrotated)
             if cache is not None:  # (B, h_kv, kept + T, d_head)
-                k, v, _ = cache.update(k, v, window=self.window, sinks=self.sinks)
+                k, v, _ = cache.update(
+                    k, v, window=self.window, sinks=self.sinks, within_cache=True
+                )
             columns = torch.arange(k.size(2), device=q.device)  # the kept keys, the new ones
             heads, weights = attend_within_cache(
                 q, k, v, mask, window=self.window, sinks=self.sinks, attend=self.attend_heads,
