@@ -614,6 +614,23 @@ def _page_weight(html: Path) -> int:
     return html.stat().st_size + sum(f.stat().st_size for f in images if f.is_file())
 
 
+def test_the_step_through_links_resolve(build):
+    """Chapter 14's step-through links every operation to the API page's entry of the mhbook
+    name that computes it (``live_step.STEP_OPS``): each anchor is on the built page."""
+    from mhbook.viz.explorers.live_step import step_ops_data
+
+    api = (build.html_dir / "api.html").read_text(encoding="utf-8")
+    missing = sorted(
+        {op["anchor"] for op in step_ops_data()} - set(re.findall(r'id="([^"]+)"', api))
+    )
+    assert not missing, f"no entry in api.html for {missing}"
+    chapter = next(p for p in PAGES if Path(p.file).name.startswith("14"))
+    page = (build.html_dir / chapter.html).read_text(encoding="utf-8")
+    assert (
+        '"api": "../api.html"' in page and (build.html_dir / chapter.html).parent.name == "chapters"
+    )
+
+
 def test_no_page_is_over_5_mb(build):
     """Every page with its images stays under 5 MB (the live panel's weights load apart)."""
     weights = {p.html: _page_weight(build.html_dir / p.html) for p in PAGES}

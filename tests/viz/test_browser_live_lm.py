@@ -22,7 +22,7 @@ from browser import SCREENSHOTS, Visit, axe_problems
 
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_model
 from mhbook.viz.attention_records import passage_attention
-from mhbook.viz.explorers import live
+from mhbook.viz.explorers import live, live_step
 
 pytestmark = pytest.mark.slow(seconds=30)  # trains a small model, then drives Chromium
 
@@ -90,7 +90,7 @@ def _drive(visit, lm, chars):
     requested = []
     tab.on("request", lambda r: requested.append(r.url))
     # The keyboard opens the panel, which loads the weights (not before).
-    panel.locator("summary").focus()
+    panel.locator("summary").first.focus()
     tab.keyboard.press("Enter")
     status = panel.locator(".mhbook-live-status")
     tab.wait_for_function(
@@ -220,6 +220,116 @@ def _drive(visit, lm, chars):
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     panel.screenshot(path=str(SCREENSHOTS / "live-lm.png"))
+    assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
+    assert not visit.failed and not visit.external, (visit.failed, visit.external)
+    problems = axe_problems(tab)
+    assert not problems, "\n".join(problems)
+
+
+# ---- the step-through: every operation of one character, against PyTorch's
+# Held back from the panel's own prompts: a short one, one past the window of 64 (the rolling
+# cache dropped keys), and one with the characters the map labels (" ", "\n").
+STEP_PROMPTS = [
+    ("KING RICHARD III:\nNow is the winter", 20),
+    (LONG, 100),
+    ("O, she doth\nteach", 11),
+]
+
+
+def test_step_through_in_a_browser(chromium, shipped):
+    folder, lm, chars = shipped
+    with serve(folder) as url:
+        visit = Visit(chromium, url)
+        try:
+            _drive_step(visit, lm, chars)
+        finally:
+            visit.close()
+
+
+def _drive_step(visit, lm, chars):
+    tab = visit.open("page.html")
+    panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-lm-']")
+    panel.locator("summary").first.focus()
+    tab.keyboard.press("Enter")
+    status = panel.locator(".mhbook-live-status")
+    tab.wait_for_function(
+        "(el) => el.textContent.startsWith('Loaded')", arg=status.element_handle()
+    )
+    # Every operation the page records is one of STEP_OPS, in its order, and equals PyTorch's
+    # (forward hooks on the model of the same weights) within 1e-4 (relative above 1).
+    want_keys = live_step.step_keys(lm.config.num_layers)
+    worst = {}
+    for prompt, position in STEP_PROMPTS:
+        got = tab.evaluate(
+            "([p, i]) => window.mhbookLive.lmStep(p, i, {temperature: 0.8, topP: 0.9})",
+            [prompt, position],
+        )
+        assert got["order"] == want_keys
+        assert sorted(got["values"]) == sorted(want_keys), "the page records other operations"
+        ref = live_step.step_reference(
+            lm, chars.encode(prompt), position, temperature=0.8, top_p=0.9
+        )
+        for key in want_keys:
+            js = torch.tensor(got["values"][key], dtype=torch.float32)
+            assert js.shape == ref[key].shape, (key, js.shape, ref[key].shape)
+            diff = ((js - ref[key]).abs() / ref[key].abs().clamp(min=1)).max().item()
+            op = key.rsplit(".", 1)[-1]
+            worst[op] = max(worst.get(op, 0.0), diff)
+    print("step-through, worst |JS - PyTorch| by operation:", worst)
+    assert max(worst.values()) < 1e-4, worst
+
+    # The panel, from the keyboard: open the fold, the character number, Step through.
+    step = panel.locator("details.mhbook-live-step")
+    step.locator("summary").focus()
+    tab.keyboard.press("Enter")
+    prompt, position = STEP_PROMPTS[0]
+    box = panel.locator(".mhbook-live-lm-prompt")
+    box.focus()
+    tab.keyboard.press("Control+A")
+    tab.keyboard.type(prompt)
+    number = step.locator(".mhbook-live-step-position")
+    number.focus()
+    tab.keyboard.press("Control+A")
+    tab.keyboard.type(str(position + 1))
+    tab.keyboard.press("Enter")  # submits the step form
+    view = step.locator(".mhbook-live-step-view")
+    view.locator("h4").wait_for()
+    assert view.locator("h4").text_content() == "Token embedding"
+    where = view.locator(".mhbook-live-step-where").text_content()
+    assert f"Character {position + 1} of {len(prompt)}" in where
+    assert f"operation 1 of {len(want_keys)}" in where
+    # Next, twice: layer 1's RMSNorm, then its queries; the link names the source.
+    step.locator(".mhbook-live-step-forward").focus()
+    tab.keyboard.press("Enter")
+    tab.keyboard.press("Enter")
+    assert view.locator("h4").text_content() == "Layer 1 of 2: Query projection"
+    link = view.locator("a")
+    assert link.get_attribute("href") == "../api.html#mhbook.attention.multihead.MultiHeadAttention"
+    # The operation list: layer 2's keys in the cache; then the next character, with the cache.
+    index = want_keys.index("blocks.1.keys")
+    step.locator(".mhbook-live-step-op").select_option(str(index))
+    titles = view.locator("rect title").all_text_contents()
+    assert any("(cached)" in t for t in titles) and any("(new)" in t for t in titles)
+    step.locator(".mhbook-live-step-next-char").focus()
+    tab.keyboard.press("Enter")
+    where = view.locator(".mhbook-live-step-where").text_content()
+    assert f"Character {position + 2} of {len(prompt)}" in where
+    rows = {t.split(", feature")[0] for t in view.locator("rect title").all_text_contents()}
+    assert len(rows) == position + 2  # one key more: the cached ones and the new one
+    got = tab.evaluate(
+        "([p, i]) => window.mhbookLive.lmStep(p, i, {temperature: 0.8, topP: 0.9})",
+        [prompt, position + 1],
+    )
+    drawn = [float(t.rsplit(": ", 1)[1]) for t in view.locator("rect title").all_text_contents()]
+    flat = torch.tensor(got["values"]["blocks.1.keys"]).flatten()
+    assert torch.allclose(torch.tensor(drawn), flat, atol=1e-5)  # what it draws is what it checks
+    # The probabilities, last: the top 10 characters.
+    step.locator(".mhbook-live-step-op").select_option(str(len(want_keys) - 1))
+    assert view.locator(".mhbook-live-step-probs li").count() == 10
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    step.locator(".mhbook-live-step-op").select_option(str(want_keys.index("blocks.0.scores")))
+    step.screenshot(path=str(SCREENSHOTS / "live-lm-step.png"))
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
     assert not visit.failed and not visit.external, (visit.failed, visit.external)
     problems = axe_problems(tab)

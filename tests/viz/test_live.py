@@ -198,7 +198,7 @@ def test_the_lm_panel_is_deterministic_and_small():
     other = live.live_lm_html(url="elsewhere.json", prompt="JULIET:\n<b>").data
     assert f'"../_static/{live.LIVE_LM_FILE}"' in page and '"elsewhere.json"' in other
     ids = set(re.findall(r'id="([^"]+)"', page))
-    assert len(ids) == 8 and all(i.startswith("mhbook-live-lm-") for i in ids)
+    assert len(ids) == 12 and all(i.startswith("mhbook-live-lm-") for i in ids)
     assert ids.isdisjoint(re.findall(r'id="([^"]+)"', other))  # two panels on one page
     assert ">ROMEO:\n</textarea>" in page and "JULIET:\n&lt;b&gt;</textarea>" in other
     assert "function decoderOnlyLM" in page and "function loadWeights" in page

@@ -15,7 +15,11 @@ ipywidgets twins (need a kernel).
   it
   attends to.
 * :mod:`mhbook.viz.explorers.live`: chapter 6's live translator: the trained model's weights
-  exported for the browser, where ``static/live.js`` translates the reader's own numbers.
+  exported for the browser, where ``static/live.js`` translates the reader's own numbers; and
+  chapter 14's live language model (``static/live_lm.js``).
+* :mod:`mhbook.viz.explorers.live_step`: the operations of one character's forward pass that
+  chapter 14's live model steps through (``STEP_OPS``, one description for the page and for
+  the PyTorch check, ``step_reference``).
 * :mod:`mhbook.viz.explorers.twin`: what the ipywidgets twins share (ipywidgets loads lazily).
 * :mod:`mhbook.viz.explorers.svg`: what every explorer shares: the SVG heatmap, bar and line
   charts (redrawn by ``static/heatmap.js`` and ``static/charts.js``), the colour scale,

@@ -49,6 +49,7 @@ from ...core.config import LLAMA_SHAPE, ModelConfig
 from ...models.lm import DecoderOnlyLM
 from ...models.transformer import Transformer
 from ...tasks.numbers import NumberTranslation
+from .live_step import step_ops_data
 from .passages import GLYPHS
 from .svg import colour_scale, embed
 
@@ -328,7 +329,9 @@ def shipped_lm(path: str | os.PathLike) -> DecoderOnlyLM:
     return model.eval()
 
 
-def live_lm_html(url: str = f"../_static/{LIVE_LM_FILE}", prompt: str = "ROMEO:\n") -> str:
+def live_lm_html(
+    url: str = f"../_static/{LIVE_LM_FILE}", prompt: str = "ROMEO:\n", api: str = "../api.html"
+) -> str:
     """The live language model's panel: a folded ``<details>`` that loads the weights from
     ``url`` when the reader opens it; a prompt, a temperature (0: greedy), a seed and a
     number of characters; the continuation streamed into the page as it is generated; the
@@ -340,7 +343,12 @@ def live_lm_html(url: str = f"../_static/{LIVE_LM_FILE}", prompt: str = "ROMEO:\
     the ``n`` new characters: greedy by default, else sampled with the seeded generator
     mulberry32), ``lmLogits(prompt)`` (the next character's logits after the prompt),
     ``lmAttention(prompt)`` (the last character's weights ``[layer][head][key]`` over its
-    window) and ``lmLoad()``.
+    window), ``lmStep(prompt, position, {temperature, topP})`` (every operation of that
+    character's forward pass, as the step-through shows them) and ``lmLoad()``.
+
+    Inside, a second fold steps through one character's forward pass, one operation of
+    :data:`~mhbook.viz.explorers.live_step.STEP_OPS` at a time, each linked to its entry in
+    the API page at ``api``; "next character" feeds the next one through the same cache.
 
     Returns:
         An ``IPython.display.HTML`` object (its ``data`` attribute is the HTML string).
@@ -349,7 +357,8 @@ def live_lm_html(url: str = f"../_static/{LIVE_LM_FILE}", prompt: str = "ROMEO:\
 
     uid = "mhbook-live-lm-" + hashlib.sha1(url.encode()).hexdigest()[:8]
     body = _panel("live_lm.html", uid=uid, prompt=prompt)
-    data = {"url": url, "scale": colour_scale(), "glyphs": GLYPHS}
+    data = {"url": url, "scale": colour_scale(), "glyphs": GLYPHS, "ops": step_ops_data()}
+    data["api"] = api
     return HTML(
         embed(uid, body, ["live_core.js", "live_lm.js"], data, css=["explorer.css", "live.css"])
     )

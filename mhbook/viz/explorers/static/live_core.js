@@ -82,15 +82,19 @@ function argmax(values) { // the first largest, as torch.argmax
 // numHeads / kvHeads grouped-query. softmax(q . k / sqrt(d_head)) over the keys; `causalFrom`
 // is the position of the first query among the keys (query i sees keys 0 to causalFrom + i,
 // the bottom-right causal_mask), or null for no mask.
-// Returns [the heads' outputs merged into rows (before W_o), weights [head][query][key]].
+// Returns [the heads' outputs merged into rows (before W_o), weights [head][query][key],
+// the scaled scores [head][query][key] (the step-through shows them)].
 function attendHeads(q, keys, values, numHeads, { group = 1, causalFrom = null } = {}) {
   const width = q[0].length;
   const dHead = width / numHeads;
   const out = q.map(() => new Float32Array(width));
   const weights = [];
+  const allScores = [];
   for (let h = 0; h < numHeads; h++) {
     const o = h * dHead;
     const kv = Math.floor(h / group) * dHead;
+    const headScores = [];
+    allScores.push(headScores);
     weights.push(q.map((qi, i) => {
       const scores = keys.map((key, j) => {
         if (causalFrom !== null && j > causalFrom + i) return -Infinity;
@@ -98,6 +102,7 @@ function attendHeads(q, keys, values, numHeads, { group = 1, causalFrom = null }
         for (let c = 0; c < dHead; c++) s += qi[o + c] * key[kv + c];
         return s / Math.sqrt(dHead);
       });
+      headScores.push(scores);
       const a = softmax(scores);
       a.forEach((w, j) => {
         const value = values[j];
@@ -106,7 +111,7 @@ function attendHeads(q, keys, values, numHeads, { group = 1, causalFrom = null }
       return a;
     }));
   }
-  return [out, weights];
+  return [out, weights, allScores];
 }
 // AddNorm, as mhbook.AddNorm(norm_first=): a residual connection around `sublayer` (rows ->
 // rows) with the normalisation `norm` (rows -> rows). Post-norm (the translator, the paper's):

@@ -7,7 +7,9 @@
 // grouped-query heads and the rolling KV cache of a sliding window, LayerCache(window)), addNorm
 // (live_core.js's, pre-norm here), decoderOnlyBlock, decoderOnlyLM (one token with the cache),
 // and generateSteps (mhbook.generate: greedy, or sampled at a temperature). Weights travel as
-// float16 and are computed in float32. data: {url, scale (colour_scale()), glyphs}.
+// float16 and are computed in float32. The step-through (traceToken) runs the same functions
+// with a trace that records every operation of live_step.py's STEP_OPS (data.ops).
+// data: {url, scale (colour_scale()), glyphs, ops, api (the API page's address)}.
 
 // ---------------------------------------------------------------- characters (CharTokenizer)
 const glyph = (c) => data.glyphs[c] ?? c; // how the map labels " " and "\n"
@@ -35,11 +37,18 @@ function rmsNorm(x, weight, eps) { // RMSNorm: weight * x / sqrt(mean(x^2) + eps
     return row.map((v, i) => v * scale * weight.values[i]);
   });
 }
-function swiglu(x, P, name) { // SwiGLU: W_down(silu(W_gate x) * W_up x), silu(a) = a sigmoid(a)
+function swiglu(x, P, name, trace = null) { // SwiGLU: W_down(silu(W_gate x) * W_up x), silu(a) = a sigmoid(a)
   const gate = linear(x, P[`${name}.W_gate.weight`]);
   const up = linear(x, P[`${name}.W_up.weight`]);
   const hidden = gate.map((row, t) => row.map((a, i) => (a / (1 + Math.exp(-a))) * up[t][i]));
-  return linear(hidden, P[`${name}.W_down.weight`]);
+  const out = linear(hidden, P[`${name}.W_down.weight`]);
+  if (trace) {
+    trace.record("gate", gate[0]);
+    trace.record("up", up[0]);
+    trace.record("hidden", hidden[0]);
+    trace.record("ffn_out", out[0]);
+  }
+  return out;
 }
 // RoPE's frequencies theta_i = base^(-2i / d_head), rounded to float32 where mhbook.rope computes
 // in float32 (Math.fround), so that the angles are PyTorch's.
@@ -70,35 +79,67 @@ function rope(x, position, heads, dHead, theta) {
 // position; its key and value join the layer's cache, which keeps the last `window` tokens (a
 // rolling cache: the oldest is dropped, so no mask is needed); attendHeads (live_core.js) with
 // query head h reading key/value head floor(h / group) (grouped-query attention); W_o.
-// Returns [output rows, weights[head][key]].
-function attention(x, P, name, model, layerCache, position) {
+// Returns [output rows, weights[head][key]]. A `trace` ({record(key, value), textLength}, the
+// step-through's) records each operation under its key in STEP_OPS (live_step.py).
+function attention(x, P, name, model, layerCache, position, trace = null) {
   const { numHeads, kvHeads, dHead, window, theta } = model.dims;
-  const q = linear(x, P[`${name}.W_q.weight`]).map((row) => rope(row, position, numHeads, dHead,
-    theta));
-  const k = linear(x, P[`${name}.W_k.weight`]).map((row) => rope(row, position, kvHeads, dHead,
-    theta));
+  const qIn = linear(x, P[`${name}.W_q.weight`]);
+  const kIn = linear(x, P[`${name}.W_k.weight`]);
+  const v = linear(x, P[`${name}.W_v.weight`]);
+  const q = qIn.map((row) => rope(row, position, numHeads, dHead, theta));
+  const k = kIn.map((row) => rope(row, position, kvHeads, dHead, theta));
   layerCache.keys.push(...k);
-  layerCache.values.push(...linear(x, P[`${name}.W_v.weight`]));
+  layerCache.values.push(...v);
   while (layerCache.keys.length > window) { // LayerCache._trim: the last `window` tokens
     layerCache.keys.shift();
     layerCache.values.shift();
   }
-  const [heads, weights] = attendHeads(q, layerCache.keys, layerCache.values, numHeads,
-    { group: numHeads / kvHeads });
-  return [linear(heads, P[`${name}.W_o.weight`]), weights.map((w) => w[0])];
+  const group = numHeads / kvHeads;
+  const [heads, weights, scores] = attendHeads(q, layerCache.keys, layerCache.values, numHeads,
+    { group });
+  const out = linear(heads, P[`${name}.W_o.weight`]);
+  if (trace) {
+    const { record } = trace;
+    record("q", qIn[0]);
+    record("k", kIn[0]);
+    record("v", v[0]);
+    record("angles", theta.map((t) => Math.fround(position * t)));
+    record("q_rope", q[0]);
+    record("k_rope", k[0]);
+    record("keys", layerCache.keys.map((row) => Array.from(row)));
+    record("values", layerCache.values.map((row) => Array.from(row)));
+    record("keys_grouped", Array.from({ length: numHeads }, (_, h) => { // repeat_interleave
+      const from = Math.floor(h / group) * dHead;
+      return layerCache.keys.map((row) => Array.from(row.slice(from, from + dHead)));
+    }));
+    record("scores", scores.map((rows) => rows[0]));
+    // causal_mask(T, T, window)[position]: the keys this token may see among the text's T
+    record("mask", Array.from({ length: trace.textLength },
+      (_, j) => (j <= position && j > position - window ? 1 : 0)));
+    record("weights", weights.map((rows) => rows[0]));
+    record("heads", heads[0]);
+    record("attn_out", out[0]);
+  }
+  return [out, weights.map((w) => w[0])];
 }
 // AddNorm's RMSNorm (`${name}.norm`), for addNorm (live_core.js) pre-norm:
 // x + sublayer(RMSNorm(x)).
 const norm = (P, name, eps) => (x) => rmsNorm(x, P[`${name}.norm.weight`], eps);
-function decoderOnlyBlock(x, P, name, model, layerCache, position) {
+function decoderOnlyBlock(x, P, name, model, layerCache, position, trace = null) {
   const eps = model.cfg.norm_eps;
   let weights = null;
   x = addNorm(x, (h) => {
     let out;
-    [out, weights] = attention(h, P, `${name}.self_attn`, model, layerCache, position);
+    trace?.record("norm1", h[0]);
+    [out, weights] = attention(h, P, `${name}.self_attn`, model, layerCache, position, trace);
     return out;
   }, norm(P, `${name}.addnorm1`, eps), true);
-  x = addNorm(x, (h) => swiglu(h, P, `${name}.ffn`), norm(P, `${name}.addnorm2`, eps), true);
+  trace?.record("residual1", x[0]);
+  x = addNorm(x, (h) => {
+    trace?.record("norm2", h[0]);
+    return swiglu(h, P, `${name}.ffn`, trace);
+  }, norm(P, `${name}.addnorm2`, eps), true);
+  trace?.record("residual2", x[0]);
   return [x, weights];
 }
 // A KV cache (mhbook.KVCache): per layer the keys (after RoPE) and values of the last `window`
@@ -111,19 +152,27 @@ function newCache(model) {
 // DecoderOnlyLM on one new token after those in the cache: [next-token logits, weights of
 // every layer [layer][head][key]]. Embedding (times sqrt(d_model) if the config scales), the
 // blocks, the final RMSNorm, the output layer.
-function decoderOnlyLM(id, model, cache) {
+// A `trace` (the step-through's) records every operation, the blocks' under `blocks.{l}.`.
+function decoderOnlyLM(id, model, cache, trace = null) {
   const { P, cfg } = model;
   const d = cfg.d_model;
   const scale = cfg.scale_embeddings ? Math.sqrt(d) : 1;
   let x = [P["embedding.weight"].values.slice(id * d, (id + 1) * d).map((v) => v * scale)];
+  trace?.record("embedding", x[0]);
   const weights = [];
   for (let l = 0; l < cfg.num_layers; l++) {
     let w;
-    [x, w] = decoderOnlyBlock(x, P, `blocks.${l}`, model, cache.layers[l], cache.length);
+    const inBlock = trace && { ...trace,
+      record: (key, value) => trace.record(`blocks.${l}.${key}`, value) };
+    [x, w] = decoderOnlyBlock(x, P, `blocks.${l}`, model, cache.layers[l], cache.length, inBlock);
     weights.push(w);
   }
   cache.length += 1;
-  return [linear(rmsNorm(x, P["norm.weight"], cfg.norm_eps), P["output.weight"])[0], weights];
+  const normed = rmsNorm(x, P["norm.weight"], cfg.norm_eps);
+  const logits = linear(normed, P["output.weight"])[0];
+  trace?.record("final_norm", normed[0]);
+  trace?.record("logits", logits);
+  return [logits, weights];
 }
 
 // ---------------------------------------------------------------- choosing the next character
@@ -140,13 +189,33 @@ function mulberry32(seed) {
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
 }
+// mhbook.next_token_probs: softmax((z - max z) / temperature); with `topP` below 1 only the
+// likeliest characters whose probabilities, largest first, reach topP (the one that crosses it
+// included; ties in PyTorch's sort order), renormalised.
+function nextTokenProbs(logits, temperature = 1, topP = null) {
+  const top = logits[argmax(logits)];
+  let probs = softmax(Array.from(logits, (z) => (z - top) / temperature));
+  if (topP !== null && topP < 1) {
+    const order = probs.map((p, i) => [p, i]).sort((a, b) => b[0] - a[0] || a[1] - b[1]);
+    let before = 0;
+    const keep = new Set();
+    for (const [p, i] of order) {
+      if (before >= topP) break;
+      keep.add(i);
+      before += p;
+    }
+    probs = probs.map((p, i) => (keep.has(i) ? p : 0));
+    const total = probs.reduce((a, b) => a + b, 0);
+    probs = probs.map((p) => p / total);
+  }
+  return probs;
+}
 // mhbook.generate: temperature 0 takes the argmax (the first, as torch.argmax); otherwise
-// next_token_probs, softmax((z - max z) / temperature), and one draw from it.
+// next_token_probs, and one draw from it.
 function nextToken(logits, temperature, random) {
   const best = argmax(logits);
   if (temperature === 0) return best;
-  const top = logits[best];
-  const probs = softmax(Array.from(logits, (z) => (z - top) / temperature));
+  const probs = nextTokenProbs(logits, temperature);
   const u = random();
   let total = 0;
   for (let i = 0; i < probs.length; i++) {
@@ -336,6 +405,251 @@ $(".mhbook-live-lm-stop").addEventListener("click", () => {
 temperatureBox.addEventListener("input", showTemperature);
 layerBox.addEventListener("change", draw);
 headBox.addEventListener("change", draw);
+// ---------------------------------------------------------------- the step-through
+// data.ops is STEP_OPS (live_step.py): the operations in order, each with its key, name,
+// formula, shape, the mhbook name that computes it and its anchor in the API page (data.api).
+// The page records each with the functions above (a trace), and the browser test compares
+// every record with PyTorch's (live_step.step_reference): an operation shown is checked.
+function stepOrder(model) { // [{op, layer, key}], as live_step.step_keys orders them
+  const order = [];
+  const add = (op, layer) => order.push({ op, layer,
+    key: layer === null ? op.key : `blocks.${layer}.${op.key}` });
+  for (const op of data.ops) if (!op.per_block && op.key === "embedding") add(op, null);
+  for (let l = 0; l < model.cfg.num_layers; l++) {
+    for (const op of data.ops) if (op.per_block) add(op, l);
+  }
+  for (const op of data.ops) if (!op.per_block && op.key !== "embedding") add(op, null);
+  return order;
+}
+// One character through the model with every operation recorded: the one at `position` of
+// `ids`, after the cache (built here from the characters before it unless given) holds those.
+function traceToken(model, ids, position, { temperature = 1, topP = null, cache = null } = {}) {
+  if (!cache) {
+    cache = newCache(model);
+    for (const id of ids.slice(0, position)) decoderOnlyLM(id, model, cache);
+  }
+  const values = {};
+  const trace = { textLength: ids.length, record: (key, value) => { values[key] = value; } };
+  const [logits] = decoderOnlyLM(ids[position], model, cache, trace);
+  values.probs = nextTokenProbs(logits, temperature, topP);
+  return { values, cache, position };
+}
+const plain = (v) => (typeof v === "number" ? v : Array.from(v, plain)); // typed -> plain arrays
+// The console API: every operation's values for the character at `position` (0-based).
+async function lmStep(prompt, position, options = {}) {
+  const model = await loadLM();
+  const ids = encode(model, String(prompt));
+  if (!Number.isInteger(position) || position < 0 || position >= ids.length) {
+    throw new RangeError(`position must be an integer from 0 to ${ids.length - 1}, got ` +
+      `${position}`);
+  }
+  const { values } = traceToken(model, ids, position, options);
+  const out = {};
+  for (const [key, value] of Object.entries(values)) out[key] = plain(value);
+  return { order: stepOrder(model).map((s) => s.key), values: out };
+}
+
+// Drawing: a vector as a strip of bars from a middle line (above: positive), a matrix as a
+// map, white at 0, blue positive and red negative; the number of every cell on hover.
+const diverging = (v, scale) => {
+  const t = Math.min(1, Math.abs(v) / (scale || 1));
+  const [r, g, b] = v >= 0 ? [33, 102, 172] : [178, 24, 43];
+  const mix = (c) => Math.round(255 + (c - 255) * t);
+  return `rgb(${mix(r)},${mix(g)},${mix(b)})`;
+};
+const largest = (rows) => Math.max(1e-12, ...rows.map((r) => Math.max(...Array.from(r, Math.abs))));
+function barStrip(values, label, title) {
+  const n = values.length;
+  const bar = Math.max(2, Math.min(12, Math.floor(720 / n)));
+  const half = 40;
+  const scale = largest([values]);
+  let body = `<line x1="0" x2="${n * bar}" y1="${half}" y2="${half}" stroke="#555"/>`;
+  Array.from(values).forEach((v, i) => {
+    const h = (Math.abs(v) / scale) * (half - 2);
+    body += `<rect x="${i * bar}" y="${v >= 0 ? half - h : half}" width="${bar - (bar > 3)}" ` +
+      `height="${Math.max(h, 0.5)}" fill="${v >= 0 ? "#2166ac" : "#b2182b"}"><title>` +
+      `${esc(label(i))}: ${v.toFixed(5)}</title></rect>`;
+  });
+  return `<figure class="mhbook-live-map"><figcaption>${esc(title)} (the largest |value| is ` +
+    `${scale.toFixed(3)})</figcaption><svg role="img" aria-label="${esc(title)}" ` +
+    `width="${n * bar}" height="${2 * half}" viewBox="0 0 ${n * bar} ${2 * half}">${body}</svg>` +
+    "</figure>";
+}
+// `colText(j)`: a short label above column j (a key's character), where the cells are wide.
+function valueMap(rows, rowLabels, colLabel, title, colText = null) {
+  const cols = rows[0].length;
+  const cell = Math.max(3, Math.min(14, Math.floor(720 / cols)));
+  const rowHeight = Math.max(3, Math.min(14, Math.floor(360 / rows.length)));
+  const left = rowHeight >= 10 ? 8 + 6.2 * Math.max(...rowLabels.map((t) => t.length)) : 8;
+  const top = colText && cell >= 8 ? 16 : 0;
+  const scale = largest(rows);
+  let body = "";
+  if (top) {
+    for (let j = 0; j < cols; j++) {
+      body += `<text x="${left + (j + 0.5) * cell}" y="${top - 4}" text-anchor="middle" ` +
+        `font-size="10">${esc(colText(j))}</text>`;
+    }
+  }
+  rows.forEach((row, i) => Array.from(row).forEach((v, j) => {
+    body += `<rect x="${left + j * cell}" y="${top + i * rowHeight}" width="${cell}" ` +
+      `height="${rowHeight}" fill="${Number.isFinite(v) ? diverging(v, scale) : "#999"}"><title>` +
+      `${esc(rowLabels[i])}, ${esc(colLabel(j))}: ${v.toFixed(5)}</title></rect>`;
+  }));
+  if (rowHeight >= 10) {
+    rowLabels.forEach((t, i) => {
+      body += `<text x="${left - 4}" y="${top + i * rowHeight + rowHeight * 0.75}" ` +
+        `text-anchor="end" font-size="10">${esc(t)}</text>`;
+    });
+  }
+  const width = left + cols * cell;
+  const height = top + rows.length * rowHeight;
+  return `<figure class="mhbook-live-map"><figcaption>${esc(title)} (white 0, blue positive, ` +
+    `red negative; the largest |value| is ${scale.toFixed(3)})</figcaption><svg role="img" ` +
+    `aria-label="${esc(title)}" width="${width}" height="${height}" ` +
+    `viewBox="0 0 ${width} ${height}">${body}</svg></figure>`;
+}
+
+const stepForm = $(".mhbook-live-step-form");
+const stepPosition = $(".mhbook-live-step-position");
+const stepTemperature = $(".mhbook-live-step-temperature");
+const stepTopP = $(".mhbook-live-step-top-p");
+const stepOp = $(".mhbook-live-step-op");
+const stepView = $(".mhbook-live-step-view");
+let stepping = null; // {model, ids, traced, order, index}
+
+function drawStep() {
+  if (!stepping) return;
+  const { model, ids, traced, order } = stepping;
+  const index = Number(stepOp.value);
+  stepping.index = index;
+  const { op, layer, key } = order[index];
+  const value = traced.values[key];
+  const p = traced.position;
+  const { dims, cfg } = model;
+  const char = (id) => glyph(model.chars[id]);
+  const first = p + 1 - traced.values[`blocks.0.keys`].length; // the oldest key in the window
+  const keyLabel = (j) => `position ${first + j} \u201c${char(ids[first + j])}\u201d` +
+    (first + j === p ? " (new)" : " (cached)");
+  const keyChar = (j) => char(ids[first + j]);
+  const dimLabel = (j) => `feature ${j}`;
+  let picture;
+  if (op.key === "probs") {
+    const top = Array.from(value, (v, i) => [v, i]).sort((a, b) => b[0] - a[0]).slice(0, 10);
+    picture = `<ol class="mhbook-live-step-probs">${top.map(([v, i]) =>
+      `<li><span class="mhbook-live-step-char">\u201c${esc(char(i))}\u201d</span> ` +
+      `<span class="mhbook-live-step-bar" style="width:${Math.round(v * 300)}px"></span> ` +
+      `${v.toFixed(4)}</li>`).join("")}</ol>`;
+  } else if (op.key === "weights") {
+    picture = heatmap(value, Array.from({ length: dims.numHeads }, (_, h) => `head ${h + 1}`),
+      value[0].map((_, j) => glyph(model.chars[ids[first + j]])),
+      `Layer ${layer + 1}: each head's weights over the ${value[0].length} keys`,
+      { cell: 12, upright: true });
+  } else if (op.key === "mask") {
+    picture = valueMap([value], ["may attend"], (j) => `position ${j} \u201c${char(ids[j])}\u201d`,
+      `Row ${p} of the causal mask over the prompt's ${ids.length} characters (1: may attend)`,
+      (j) => char(ids[j]));
+  } else if (op.key === "keys" || op.key === "values") {
+    picture = valueMap(value, value.map((_, j) => keyLabel(j)), dimLabel,
+      `The ${value.length} ${op.key} of layer ${layer + 1}: ${value.length - 1} from the cache, ` +
+      "1 new");
+  } else if (op.key === "keys_grouped") {
+    const rows = [];
+    const labels = [];
+    value.forEach((head, h) => head.forEach((row, j) => {
+      rows.push(row);
+      labels.push(`head ${h + 1} (key/value head ${Math.floor(h / (dims.numHeads /
+        dims.kvHeads)) + 1}), ${keyLabel(j)}`);
+    }));
+    picture = valueMap(rows, labels, dimLabel, `Each query head's keys (the ${dims.kvHeads} ` +
+      `key/value heads, each repeated for ${dims.numHeads / dims.kvHeads} query heads)`);
+  } else if (op.key === "scores") {
+    picture = valueMap(value, value.map((_, h) => `head ${h + 1}`), keyLabel,
+      `Layer ${layer + 1}: each head's scores over the ${value[0].length} keys`, keyChar);
+  } else if (op.key === "angles") {
+    picture = barStrip(value, (i) => `pair ${i} (features ${i} and ${i + dims.dHead / 2}), ` +
+      "angle in radians", `The angle of each pair at position ${p}`);
+  } else {
+    const label = op.key === "logits"
+      ? (i) => `\u201c${char(i)}\u201d` : (i) => `feature ${i}`;
+    picture = barStrip(value, label, `${op.name}, ${value.length} values`);
+  }
+  const shape = Array.isArray(value[0]) ? (Array.isArray(value[0][0])
+    ? `(${value.length}, ${value[0].length}, ${value[0][0].length})`
+    : `(${value.length}, ${value[0].length})`) : `(${value.length},)`;
+  const where = layer === null ? "" : `Layer ${layer + 1} of ${cfg.num_layers}: `;
+  stepView.innerHTML =
+    `<p class="mhbook-live-step-where">Character ${p + 1} of ${ids.length}, ` +
+    `\u201c${esc(char(ids[p]))}\u201d (position ${p}); operation ${index + 1} of ` +
+    `${order.length}</p><h4>${esc(where + op.name)}</h4>` +
+    `<p class="mhbook-live-step-formula">${esc(op.formula)}</p>` +
+    `<p>Shape ${esc(op.shape)} = ${shape}. Computed in mhbook by <a href="${esc(data.api)}#` +
+    `${esc(op.anchor)}"><code>${esc(op.source)}</code></a>.</p>${picture}`;
+}
+function fillOps(order) {
+  stepOp.innerHTML = order.map(({ op, layer }, i) =>
+    `<option value="${i}">${i + 1}. ${esc(layer === null ? "" : `layer ${layer + 1}: `)}` +
+    `${esc(op.name)}</option>`).join("");
+}
+function stepOptions() {
+  const temperature = Number(stepTemperature.value);
+  const topP = Number(stepTopP.value);
+  if (!(temperature > 0) || temperature > 2) {
+    throw new Error("The temperature must be a number above 0, at most 2");
+  }
+  if (!(topP > 0) || topP > 1) throw new Error("Top-p must be a number above 0, at most 1");
+  return { temperature, topP };
+}
+async function startStep() {
+  showError("");
+  try {
+    const model = await loadLM();
+    const ids = encode(model, promptBox.value);
+    const position = numberIn(stepPosition, "The character number", 1, ids.length) - 1;
+    const traced = traceToken(model, ids, position, stepOptions());
+    const order = stepOrder(model);
+    const keep = stepping ? stepping.index : 0;
+    stepping = { model, ids, traced, order, index: keep };
+    fillOps(order);
+    stepOp.value = String(keep);
+    drawStep();
+  } catch (err) {
+    showError(err.message);
+  }
+}
+function moveStep(by) {
+  if (!stepping) return;
+  const index = Math.min(stepping.order.length - 1, Math.max(0, stepping.index + by));
+  stepOp.value = String(index);
+  drawStep();
+}
+// The next character of the prompt, through the same cache: its keys and values join the
+// ones already there, which are not computed again.
+function nextCharacter() {
+  showError("");
+  if (!stepping) return;
+  const { model, ids, traced } = stepping;
+  if (traced.position + 1 >= ids.length) {
+    showError(`Character ${ids.length} is the prompt's last: make the prompt longer to go on.`);
+    return;
+  }
+  try {
+    stepping.traced = traceToken(model, ids, traced.position + 1,
+      { ...stepOptions(), cache: traced.cache });
+    stepPosition.value = String(traced.position + 2);
+    drawStep();
+  } catch (err) {
+    showError(err.message);
+  }
+}
+stepForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  startStep();
+});
+stepOp.addEventListener("change", drawStep);
+$(".mhbook-live-step-back").addEventListener("click", () => moveStep(-1));
+$(".mhbook-live-step-forward").addEventListener("click", () => moveStep(1));
+$(".mhbook-live-step-next-char").addEventListener("click", nextCharacter);
+
 showTemperature();
 // The weights load when the reader opens the panel; the console API (and the browser test's),
 // beside the translator's.
@@ -343,6 +657,7 @@ registerConsoleApi({
   complete,
   lmLogits,
   lmAttention,
+  lmStep,
   lmLoad: () => loadLM().then(() => true),
 }, {
   load: loadLM,
