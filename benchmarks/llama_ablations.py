@@ -33,8 +33,8 @@ per character, the parameters, and the training FLOPs per token (``6 N + 6 n_lay
 d_model``: Kaplan et al.'s count, a multiply-add being 2 FLOPs, with ``N`` the parameters
 outside the token embedding, the position table and the output layer). The summary gives
 each variant's mean and standard deviation over the seeds and its difference from the Llama
-block paired by seed, with a 95 % t-interval. The results file, ``mhbook/training/measured/llama_ablations.json``
-(package data, so that Colab has it too), holds the command, commit, machine and date that
+block paired by seed, with a 95 % t-interval. The results file,
+``mhbook/training/measured/llama_ablations.json`` (package data, so that Colab has it too), holds the command, commit, machine and date that
 made it; chapter 14 plots it (``mhbook.load_measured("llama_ablations")``).
 
 A benchmark, not a test: it trains 30 models (about a minute each on one thread of the
