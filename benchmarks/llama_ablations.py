@@ -34,8 +34,9 @@ d_model``: Kaplan et al.'s count, a multiply-add being 2 FLOPs, with ``N`` the p
 outside the token embedding, the position table and the output layer). The summary gives
 each variant's mean and standard deviation over the seeds and its difference from the Llama
 block paired by seed, with a 95 % t-interval. The results file,
-``mhbook/training/measured/llama_ablations.json`` (package data, so that Colab has it too), holds the command, commit, machine and date that
-made it; chapter 14 plots it (``mhbook.load_measured("llama_ablations")``).
+``mhbook/training/measured/llama_ablations.json`` (package data, so that Colab has it too),
+holds the command, commit, machine and date that made it; chapter 14 plots it
+(``mhbook.load_measured("llama_ablations")``).
 
 A benchmark, not a test: it trains 30 models (about a minute each on one thread of the
 2-core machine at 1,000 steps, with nothing else running).
