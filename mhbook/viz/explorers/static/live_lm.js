@@ -535,7 +535,9 @@ function drawStep() {
   let picture;
   if (op.key === "probs") {
     const top = Array.from(value, (v, i) => [v, i]).sort((a, b) => b[0] - a[0]).slice(0, 10);
-    picture = `<ol class="mhbook-live-step-probs">${top.map(([v, i]) =>
+    const kept = Array.from(value).filter((v) => v > 0).length;
+    picture = `<p>Top-p kept ${kept} of the ${value.length} characters; the ten likeliest:</p>` +
+      `<ol class="mhbook-live-step-probs">${top.map(([v, i]) =>
       `<li><span class="mhbook-live-step-char">\u201c${esc(char(i))}\u201d</span> ` +
       `<span class="mhbook-live-step-bar" style="width:${Math.round(v * 300)}px"></span> ` +
       `${v.toFixed(4)}</li>`).join("")}</ol>`;
@@ -547,27 +549,26 @@ function drawStep() {
   } else if (op.key === "mask") {
     picture = valueMap([value], ["may attend"], (j) => `position ${j} \u201c${char(ids[j])}\u201d`,
       `Row ${p} of the causal mask over the prompt's ${ids.length} characters (1: may attend)`,
-      (j) => char(ids[j]));
+      (j) => char(ids[j])) + `<p>With the cache nothing needs masking: it holds only the ` +
+      `characters up to this one (the last ${dims.window} at most), the keys this row allows. ` +
+      "A forward pass over the whole prompt at once applies the row, as mhbook.attend does.</p>";
   } else if (op.key === "keys" || op.key === "values") {
     picture = valueMap(value, value.map((_, j) => keyLabel(j)), dimLabel,
       `The ${value.length} ${op.key} of layer ${layer + 1}: ${value.length - 1} from the cache, ` +
       "1 new");
-  } else if (op.key === "keys_grouped") {
-    const rows = [];
-    const labels = [];
-    value.forEach((head, h) => head.forEach((row, j) => {
-      rows.push(row);
-      labels.push(`head ${h + 1} (key/value head ${Math.floor(h / (dims.numHeads /
-        dims.kvHeads)) + 1}), ${keyLabel(j)}`);
-    }));
-    picture = valueMap(rows, labels, dimLabel, `Each query head's keys (the ${dims.kvHeads} ` +
-      `key/value heads, each repeated for ${dims.numHeads / dims.kvHeads} query heads)`);
+  } else if (op.key === "keys_grouped") { // one map per query head: its key/value head's keys
+    const group = dims.numHeads / dims.kvHeads;
+    picture = value.map((head, h) => valueMap(head, head.map((_, j) => keyLabel(j)), dimLabel,
+      `Query head ${h + 1} reads key/value head ${Math.floor(h / group) + 1}`)).join("");
   } else if (op.key === "scores") {
     picture = valueMap(value, value.map((_, h) => `head ${h + 1}`), keyLabel,
       `Layer ${layer + 1}: each head's scores over the ${value[0].length} keys`, keyChar);
-  } else if (op.key === "angles") {
+  } else if (op.key === "angles") { // and each angle modulo a full turn, in degrees
+    const turn = (a) => ((a % (2 * Math.PI)) * 180) / Math.PI;
     picture = barStrip(value, (i) => `pair ${i} (features ${i} and ${i + dims.dHead / 2}), ` +
-      "angle in radians", `The angle of each pair at position ${p}`);
+      "angle in radians", `The angle of each pair at position ${p}`) +
+      `<p class="mhbook-live-step-angles">${Array.from(value, (a, i) => `pair ${i}: ` +
+      `${a.toFixed(3)} rad (${turn(a).toFixed(1)}\u00b0 after whole turns)`).join("; ")}</p>`;
   } else {
     const label = op.key === "logits"
       ? (i) => `\u201c${char(i)}\u201d` : (i) => `feature ${i}`;
