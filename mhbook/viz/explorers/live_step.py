@@ -54,6 +54,9 @@ class StepOp:
     per_block: bool = True
 
 
+#: The operations of one character's forward pass, in the order the page shows them: the
+#: embedding, then those of every block (``per_block``), then the final norm, the logits and
+#: the probabilities.
 STEP_OPS: tuple[StepOp, ...] = (
     StepOp("embedding", "Token embedding", "x = E[token]", "(d_model,)",
            "mhbook.DecoderOnlyLM", per_block=False),
