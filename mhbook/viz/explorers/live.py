@@ -360,5 +360,11 @@ def live_lm_html(
     data = {"url": url, "scale": colour_scale(), "glyphs": GLYPHS, "ops": step_ops_data()}
     data["api"] = api
     return HTML(
-        embed(uid, body, ["live_core.js", "live_lm.js"], data, css=["explorer.css", "live.css"])
+        embed(
+            uid,
+            body,
+            ["live_core.js", "live_lm.js"],
+            data,
+            css=["explorer.css", "live.css", "live_lm.css"],
+        )
     )
