@@ -144,7 +144,7 @@ def _drive(tab, visit):
     tab.keyboard.press("Tab")  # One step
     tab.keyboard.press("Enter")
     assert status.text_content().startswith(f"Step {step + 1}:")
-    assert panel.locator("figure.mhbook-live-map").count() == 8  # 2 layers of 4 heads
+    assert panel.locator("figure.mhbook-live-map canvas").count() == 8  # 2 layers of 4 heads
     assert panel.locator("table tbody tr").count() == 8
     # The 1-layer control, chosen from the keyboard: a fresh run of one layer.
     panel.locator(".mhbook-live-train-layers").focus()
@@ -152,7 +152,7 @@ def _drive(tab, visit):
     tab.wait_for_function(
         "(el) => el.textContent.startsWith('Step 0')", arg=status.element_handle()
     )
-    assert panel.locator("figure.mhbook-live-map").count() == 4
+    assert panel.locator("figure.mhbook-live-map canvas").count() == 4
     panel.locator(".mhbook-live-train-reset").focus()
     tab.keyboard.press("Enter")
     assert status.text_content().startswith("Step 0")

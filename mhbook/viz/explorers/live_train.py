@@ -65,7 +65,8 @@ def live_train_html(uid: str = "train") -> str:
     from IPython.display import HTML
 
     uid = "mhbook-live-train-" + hashlib.sha1(uid.encode()).hexdigest()[:8]
-    body = _panel("live_train.html", uid=uid, period=str(LIVE_COPIER_TASK["periods"][1]))
+    period = LIVE_COPIER_TASK["periods"][1]
+    body = _panel("live_train.html", uid=uid, period=str(period), back=str(period - 1))
     return HTML(
         embed(
             uid,

@@ -518,20 +518,22 @@ const startButton = $(".mhbook-live-train-start");
 const stepButton = $(".mhbook-live-train-step");
 const resetButton = $(".mhbook-live-train-reset");
 const lossChart = $(".mhbook-live-train-loss");
-const scoreChart = $(".mhbook-live-train-scores");
+const prevChart = $(".mhbook-live-train-previous");
+const indChart = $(".mhbook-live-train-induction");
 const crossedTable = $(".mhbook-live-train-crossed");
 const maps = $(".mhbook-live-maps");
 const HEAD_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
 let panel = null;
 let running = false;
-let lastShown = null;
+let lastShown = 0;
+let lastMaps = 0;
 let startedAt = 0;
 let stepsAtStart = 0;
 
 // A line chart in SVG: axes with ticks, labels, a legend; `series` [{label, x, y, colour,
 // dash}], `hlines` [{y, label}], `vline` {x, label} or null.
 function lineChart(title, xlabel, ylabel, series, { xmax, ymax, hlines = [], vline = null }) {
-  const W = 560;
+  const W = 540;
   const H = 250;
   const L = 52;
   const R = 170;
@@ -546,10 +548,13 @@ function lineChart(title, xlabel, ylabel, series, { xmax, ymax, hlines = [], vli
   body += `<rect x="${L}" y="${top}" width="${pw}" height="${ph}" fill="none" stroke="#444"/>`;
   for (let k = 0; k <= 4; k++) {
     const xv = Math.round((xmax * k) / 4);
-    const yv = (ymax * k) / 4;
     body += `<text x="${X(xv)}" y="${top + ph + 14}" text-anchor="middle" font-size="11">${xv}</text>`;
+  }
+  const yticks = ymax <= 1 ? 4 : ymax; // 0, 0.25, ... 1; or the whole numbers
+  for (let k = 0; k <= yticks; k++) {
+    const yv = (ymax * k) / yticks;
     body += `<text x="${L - 5}" y="${Y(yv) + 4}" text-anchor="end" font-size="11">` +
-      `${yv.toFixed(ymax < 2 ? 2 : 1)}</text>`;
+      `${ymax <= 1 ? yv.toFixed(2) : yv}</text>`;
     body += `<line x1="${L}" x2="${L + pw}" y1="${Y(yv)}" y2="${Y(yv)}" stroke="#ddd"/>`;
   }
   body += `<text x="${L + pw / 2}" y="${H - 6}" text-anchor="middle" font-size="12">${esc(xlabel)}</text>`;
@@ -581,7 +586,8 @@ function lineChart(title, xlabel, ylabel, series, { xmax, ymax, hlines = [], vli
   return `<svg role="img" aria-label="${esc(title)}" width="${W}" height="${H}" ` +
     `viewBox="0 0 ${W} ${H}">${body}</svg>`;
 }
-function draw() {
+// Everything the panel shows; the maps only when `withMaps` (while it trains: every 0.5 s).
+function draw(withMaps = true) {
   if (!panel) return;
   const { looks, dims, cfg } = panel;
   const steps = looks.map((r) => r.step);
@@ -594,21 +600,18 @@ function draw() {
       { label: "second copy", x: steps, y: looks.map((r) => r.second), colour: "#d62728" },
     ], { xmax, ymax: Math.ceil(chance + 1), vline,
       hlines: [{ y: chance, label: `uniform guess, ${chance.toFixed(2)}` }] });
-  const series = [];
-  for (let l = 0; l < cfg.num_layers; l++) {
-    for (let h = 0; h < dims.heads; h++) {
-      series.push({ label: `previous L${l + 1} H${h + 1}`, x: steps,
-        y: looks.map((r) => r.previous[l][h]), colour: HEAD_COLOURS[h], dash: l ? "6 3" : "" });
+  for (const [kind, chart, title] of [["previous", prevChart, "Previous-token score of every head"],
+    ["induction", indChart, "Induction score of every head"]]) {
+    const series = [];
+    for (let l = 0; l < cfg.num_layers; l++) {
+      for (let h = 0; h < dims.heads; h++) {
+        series.push({ label: `layer ${l + 1}, head ${h + 1}`, x: steps,
+          y: looks.map((r) => r[kind][l][h]), colour: HEAD_COLOURS[h], dash: l ? "6 3" : "" });
+      }
     }
+    chart.innerHTML = lineChart(title, "training step", "mean attention weight", series,
+      { xmax, ymax: 1, vline, hlines: [{ y: data.threshold, label: `threshold ${data.threshold}` }] });
   }
-  for (let h = 0; h < dims.heads; h++) {
-    const l = cfg.num_layers - 1;
-    series.push({ label: `induction L${l + 1} H${h + 1}`, x: steps,
-      y: looks.map((r) => r.induction[l][h]), colour: HEAD_COLOURS[h], dash: "1 2" });
-  }
-  scoreChart.innerHTML = lineChart("Every head's scores", "training step",
-    "mean attention weight", series, { xmax, ymax: 1, vline,
-      hlines: [{ y: data.threshold, label: `threshold ${data.threshold}` }] });
   let rows = "";
   for (let l = 0; l < cfg.num_layers; l++) {
     for (let h = 0; h < dims.heads; h++) {
@@ -624,21 +627,60 @@ function draw() {
     `<th scope="col">previous-token</th><th scope="col">passed</th>` +
     `<th scope="col">induction</th><th scope="col">passed</th></tr></thead><tbody>${rows}</tbody>`;
   const shown = looks[looks.length - 1];
-  const T = data.task.length;
-  const labels = Array.from({ length: T }, (_, i) => (i % 8 === 0 ? String(i) : ""));
-  let html = "";
-  shown.maps.forEach((layer, l) => layer.forEach((w, h) => {
-    html += heatmap(w, labels, labels, `Layer ${l + 1}, head ${h + 1}`, { cell: 4, upright: true });
-  }));
-  maps.innerHTML = html;
+  if (withMaps) drawMaps(shown);
   const rate = running && panel.step > stepsAtStart
     ? `, ${((panel.step - stepsAtStart) / ((performance.now() - startedAt) / 1000)).toFixed(0)} steps per second`
     : "";
-  status.textContent = `Step ${panel.step}: training loss ${panel.losses.length
-    ? panel.losses[panel.losses.length - 1].toFixed(2) : "-"}, first copy ${shown.first.toFixed(2)}, ` +
+  status.textContent = `Step ${panel.step}: ${panel.losses.length ? `training loss ` +
+    `${panel.losses[panel.losses.length - 1].toFixed(2)}, ` : "not trained yet; "}` +
+    `on the fixed blocks first copy ${shown.first.toFixed(2)}, ` +
     `second copy ${shown.second.toFixed(2)} nats${rate}` +
     (change === null ? "." : `; the phase change came at step ${change}.`);
   lastShown = performance.now();
+}
+// Every head's weights on the fixed sequence, [query][key] from 0 to 1 in the book's colour map
+// (data.scale, as live_core.js's heatmap). Drawn on canvases rather than by heatmap's SVG:
+// its 8,192 cells with their tooltips take most of a second to redraw, too slow to follow the
+// training; the canvases take milliseconds. Built once, repainted at every redraw.
+const CELL = 5;
+function drawMaps(shown) {
+  const T = data.task.length;
+  const lut = data.scale.colours;
+  const left = 22;
+  const top = 14;
+  const size = left + CELL * T + 2;
+  const count = shown.maps.length * shown.maps[0].length;
+  if (maps.querySelectorAll("canvas").length !== count) {
+    let html = "";
+    shown.maps.forEach((layer, l) => layer.forEach((_, h) => {
+      const title = `Layer ${l + 1}, head ${h + 1}`;
+      html += `<figure class="mhbook-live-map"><figcaption>${esc(title)}</figcaption>` +
+        `<canvas width="${size}" height="${top + CELL * T + 2}" role="img" aria-label="${esc(title)}` +
+        `: attention weights of the ${T} positions of the fixed sequence, queries down, keys ` +
+        `across"></canvas></figure>`;
+    }));
+    maps.innerHTML = html;
+  }
+  const canvases = maps.querySelectorAll("canvas");
+  let k = 0;
+  shown.maps.forEach((layer) => layer.forEach((w) => {
+    const ctx = canvases[k++].getContext("2d");
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, size, top + CELL * T + 2);
+    ctx.fillStyle = "#000";
+    ctx.font = "10px sans-serif";
+    ctx.textAlign = "center";
+    for (let t = 0; t < T; t += 8) {
+      ctx.fillText(String(t), left + CELL * (t + 0.5), top - 3); // keys, across
+      ctx.textAlign = "right";
+      ctx.fillText(String(t), left - 3, top + CELL * (t + 1));   // queries, down
+      ctx.textAlign = "center";
+    }
+    w.forEach((row, i) => row.forEach((v, j) => {
+      ctx.fillStyle = lut[Math.round(Math.min(1, Math.max(0, v)) * (lut.length - 1))];
+      ctx.fillRect(left + j * CELL, top + i * CELL, CELL, CELL);
+    }));
+  }));
 }
 function numberIn(box, name, low, high) {
   const v = Number(box.value);
@@ -672,8 +714,12 @@ function setRunning(on) {
 function slice() {
   if (!running || !panel) return;
   const begun = performance.now();
-  while (performance.now() - begun < 40 && panel.step < data.train.num_steps) oneStep();
-  if (performance.now() - lastShown > 150) draw();
+  while (performance.now() - begun < 30 && panel.step < data.train.num_steps) oneStep();
+  const now = performance.now();
+  if (now - lastMaps > 500) {
+    draw(true);
+    lastMaps = performance.now();
+  } else if (now - lastShown > 300) draw(false);
   if (panel.step >= data.train.num_steps) {
     setRunning(false);
     draw();
