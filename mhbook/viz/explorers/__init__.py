@@ -16,6 +16,8 @@ ipywidgets twins (need a kernel).
   attends to.
 * :mod:`mhbook.viz.explorers.live`: chapter 6's live translator: the trained model's weights
   exported for the browser, where ``static/live.js`` translates the reader's own numbers.
+* :mod:`mhbook.viz.explorers.live_train`: chapter 15's "Train" panel: the induction-head toy
+  trained in the page (``static/live_train.js``, a forward and a hand-written backward pass).
 * :mod:`mhbook.viz.explorers.twin`: what the ipywidgets twins share (ipywidgets loads lazily).
 * :mod:`mhbook.viz.explorers.svg`: what every explorer shares: the SVG heatmap, bar and line
   charts (redrawn by ``static/heatmap.js`` and ``static/charts.js``), the colour scale,

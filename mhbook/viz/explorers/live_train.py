@@ -21,7 +21,7 @@ from ...training.live_copier import (
     LIVE_COPIER_TRAIN,
     LIVE_THRESHOLD,
 )
-from .live import _panel
+from .live import fill_panel
 from .svg import colour_scale, embed
 
 __all__ = ["live_train_html", "live_train_data"]
@@ -66,7 +66,7 @@ def live_train_html(uid: str = "train") -> str:
 
     uid = "mhbook-live-train-" + hashlib.sha1(uid.encode()).hexdigest()[:8]
     period = LIVE_COPIER_TASK["periods"][1]
-    body = _panel("live_train.html", uid=uid, period=str(period), back=str(period - 1))
+    body = fill_panel("live_train.html", uid=uid, period=str(period), back=str(period - 1))
     return HTML(
         embed(
             uid,
