@@ -8,5 +8,14 @@ from ..core.public import gather
 
 #: The modules whose public names this folder offers (and ``mhbook`` with it).
 __all__ = gather(
-    globals(), ("trainer", "checkpoints", "translation", "shakespeare_lm", "number_lms", "measured")
+    globals(),
+    (
+        "trainer",
+        "checkpoints",
+        "translation",
+        "shakespeare_lm",
+        "live_copier",
+        "number_lms",
+        "measured",
+    ),
 )

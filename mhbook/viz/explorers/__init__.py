@@ -20,6 +20,8 @@ ipywidgets twins (need a kernel).
 * :mod:`mhbook.viz.explorers.live_step`: the operations of one character's forward pass that
   chapter 14's live model steps through (``STEP_OPS``, one description for the page and for
   the PyTorch check, ``step_reference``).
+* :mod:`mhbook.viz.explorers.live_train`: chapter 15's "Train" panel: the induction-head toy
+  trained in the page (``static/live_train.js``, a forward and a hand-written backward pass).
 * :mod:`mhbook.viz.explorers.twin`: what the ipywidgets twins share (ipywidgets loads lazily).
 * :mod:`mhbook.viz.explorers.svg`: what every explorer shares: the SVG heatmap, bar and line
   charts (redrawn by ``static/heatmap.js`` and ``static/charts.js``), the colour scale,

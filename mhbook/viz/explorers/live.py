@@ -88,6 +88,10 @@ def _panel(template: str, **values: str) -> str:
     return Template(text).substitute({k: html.escape(v, quote=True) for k, v in values.items()})
 
 
+#: :func:`_panel` for the other live panels' modules (``live_train.py``, chapter 15's).
+fill_panel = _panel
+
+
 def _check_supported(config: ModelConfig) -> None:
     """The JavaScript forward implements the book's translator: post-norm LayerNorm, ReLU,
     biases, sinusoidal positions, multi-head attention. Anything else is refused by name."""

@@ -1,0 +1,95 @@
+"""Chapter 15's "Train" panel in headless Chromium against the same run in PyTorch.
+
+For each seed: the panel is opened from a ``file://`` page, Start pressed, and the clock runs
+until its status line names the phase change (the wall time a reader waits, drawing included);
+meanwhile the page's answer time is sampled (training runs in slices that yield). Then the
+console API's ``trainRun`` (no drawing) gives steps per second, and
+:func:`mhbook.training.live_copier.live_copier_run` the phase change of the same run in
+PyTorch (one thread). Last, the 1-layer control, in the page and in PyTorch: a whole run of
+``LIVE_COPIER_TRAIN.num_steps`` steps, with no phase change expected. Prints one line per run
+and a screenshot of the panel at its phase change goes to ``_build/screenshots/``.
+
+    python -m benchmarks.live_train            # seeds 0 1 2, about 3 minutes on 2 cores
+    python -m benchmarks.live_train --seeds 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mhbook
+from mhbook.training.live_copier import LIVE_COPIER_TRAIN, live_copier_run
+from mhbook.viz.explorers.live_train import live_train_html
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from browser import launch_chromium  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+    print(mhbook.describe_machine())
+    folder = Path(tempfile.mkdtemp())
+    page = folder / "page.html"
+    page.write_text(
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Train</title></head>"
+        f"<body><main>{live_train_html().data}</main></body></html>",
+        encoding="utf-8",
+    )
+    shots = Path("_build/screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    browser_gen = launch_chromium()
+    browser = next(browser_gen)
+    tab = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    tab.set_default_timeout(300_000)
+    tab.goto(page.as_uri())
+    panel = tab.locator("div.mhbook-explorer")
+    status = panel.locator(".mhbook-live-status")
+    for seed in args.seeds:
+        panel.locator("summary").click() if seed == args.seeds[0] else None
+        panel.locator(".mhbook-live-train-seed").fill(str(seed))
+        panel.locator(".mhbook-live-train-seed").dispatch_event("change")
+        begun = time.perf_counter()
+        panel.locator(".mhbook-live-train-start").click()
+        answers = []
+        while "phase change came" not in (text := status.text_content()):
+            t = time.perf_counter()
+            tab.evaluate("() => 1")
+            answers.append(time.perf_counter() - t)
+            time.sleep(0.1)
+        wall = time.perf_counter() - begun
+        panel.locator(".mhbook-live-train-start").click()  # Pause
+        change = int(re.search(r"phase change came at step (\d+)", text).group(1))
+        if seed == args.seeds[0]:
+            panel.screenshot(path=str(shots / "live-train-trained.png"))
+        api = tab.evaluate(f"() => window.mhbookLive.trainRun({{seed: {seed}, after: 0}})")
+        begun = time.perf_counter()
+        ours = live_copier_run(seed, every=10, after=0)
+        torch_seconds = time.perf_counter() - begun
+        print(
+            f"seed {seed}: panel phase change at step {change} after {wall:.1f} s of wall time "
+            f"(slowest answer of the page while training {1000 * max(answers):.0f} ms); "
+            f"trainRun {api['stepsPerSecond']:.0f} steps/s, change at {api['change']}; "
+            f"PyTorch change at {ours['change']} ({len(ours['losses']) / torch_seconds:.0f} "
+            "steps/s, one thread, looks included)",
+            flush=True,
+        )
+    one = tab.evaluate("() => window.mhbookLive.trainRun({seed: 0, layers: 1})")
+    ours = live_copier_run(0, num_layers=1, every=10)
+    print(
+        f"1 layer, seed 0, {LIVE_COPIER_TRAIN.num_steps} steps: page change {one['change']}, "
+        f"second copy at the end {one['looks'][-1]['second']:.2f} nats "
+        f"({one['stepsPerSecond']:.0f} steps/s); PyTorch change {ours['change']}, "
+        f"{ours['looks'][-1]['second']:.2f} nats"
+    )
+    browser_gen.close()
+
+
+if __name__ == "__main__":
+    main()
