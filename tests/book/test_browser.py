@@ -614,21 +614,56 @@ def _page_weight(html: Path) -> int:
     return html.stat().st_size + sum(f.stat().st_size for f in images if f.is_file())
 
 
-def test_the_step_through_links_resolve(build):
-    """Chapter 14's step-through links every operation to the API page's entry of the mhbook
-    name that computes it (``live_step.STEP_OPS``): each anchor is on the built page."""
-    from mhbook.viz.explorers.live_step import step_ops_data
+def test_live_step_through_ch14(visit, build):
+    """Chapter 14's step-through in the built book, as a reader uses it: every operation's
+    link is an anchor of the built API page; open the live panel (the weights load), open the
+    step-through, Step through, move to layer 1's keys, step the next character with the
+    cache (one key more), follow the operation's link into the API page. No console error,
+    no failed request, axe finds nothing. (tests/viz/test_browser_live_lm.py checks every
+    operation's values against PyTorch.)"""
+    from mhbook.viz.explorers.live_step import step_keys, step_ops_data
 
     api = (build.html_dir / "api.html").read_text(encoding="utf-8")
-    missing = sorted(
-        {op["anchor"] for op in step_ops_data()} - set(re.findall(r'id="([^"]+)"', api))
-    )
+    anchors = set(re.findall(r'id="([^"]+)"', api))
+    missing = sorted({op["anchor"] for op in step_ops_data()} - anchors)
     assert not missing, f"no entry in api.html for {missing}"
-    chapter = next(p for p in PAGES if Path(p.file).name.startswith("14"))
-    page = (build.html_dir / chapter.html).read_text(encoding="utf-8")
-    assert (
-        '"api": "../api.html"' in page and (build.html_dir / chapter.html).parent.name == "chapters"
+    chapter = [p for p in PAGES if Path(p.file).name.startswith("14")]
+    assert chapter, "no chapter 14 in _toc.yml"
+    tab = visit.open(chapter[0].html)
+    panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-lm-']")
+    assert panel.count() == 1, "chapter 14 holds no live language model"
+    panel.locator("summary").first.scroll_into_view_if_needed()
+    panel.locator("summary").first.focus()
+    tab.keyboard.press("Enter")
+    status = panel.locator(".mhbook-live-status")
+    tab.wait_for_function(
+        "(el) => el.textContent.startsWith('Loaded')", arg=status.element_handle()
     )
+    panel.locator(".mhbook-live-lm-prompt").fill("ROMEO:\nO Juliet")
+    step = panel.locator("details.mhbook-live-step")
+    step.locator("summary").focus()
+    tab.keyboard.press("Enter")
+    step.locator("button[type=submit]").focus()
+    tab.keyboard.press("Enter")  # the prompt's 7th character (the panel opens on 7)
+    view = step.locator(".mhbook-live-step-view")
+    view.locator("h4").wait_for()
+    keys = step_keys(4)
+    step.locator(".mhbook-live-step-op").select_option(str(keys.index("blocks.0.keys")))
+    assert "7 keys of layer 1: 6 from the cache, 1 new" in view.text_content()
+    step.locator(".mhbook-live-step-next-char").click()  # the 8th, through the same cache
+    assert "8 keys of layer 1: 7 from the cache, 1 new" in view.text_content()
+    step.screenshot(path=str(SCREENSHOTS / "live-step-ch14.png"))
+    assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
+    # Last, as test_live_translator: axe-core's CSS preloading asks for a basic.css the page
+    # never asks for (a 404 in the console); then the operation's link, followed.
+    problems = axe_problems(tab)
+    assert not problems, problems
+    link = view.locator("a")
+    href = link.get_attribute("href")
+    link.click()
+    tab.wait_for_load_state()
+    assert tab.url.endswith(href.removeprefix("..")), (tab.url, href)
+    assert tab.locator(f"[id='{href.split('#')[1]}']").count() == 1
 
 
 def test_no_page_is_over_5_mb(build):

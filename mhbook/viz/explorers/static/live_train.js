@@ -4,10 +4,11 @@
 // initialisation, on random blocks written again and again. Runs after live_core.js ($, esc,
 // heatmap, status, showError). data: {config, task, train, threshold, scale}.
 //
-// THE BACKWARD PASS IS WRITTEN BY HAND, on purpose. The book prefers a well-kept library, but
-// none with autograd can be vendored here (the npm registry has none we keep), and chapter 15
-// teaches these very gradients: each forward function below has its backward beside it, the
-// chain rule written out as the chapter's appendix derives it (softmax attention's
+// THE BACKWARD PASS IS WRITTEN BY HAND, on purpose. The book prefers a well-kept library (an
+// autograd library from the npm registry, such as TensorFlow.js, would do the arithmetic), but
+// chapter 15 teaches these very gradients, and here the reader can read them: each forward
+// function below has its backward beside it, the chain rule written out as the chapter's
+// section "Train it in this page" derives it (softmax attention's
 // dS = P * (dP - rowsum(dP * P)) with the scale 1/sqrt(d_head), RoPE's backward a rotation by
 // the negative angle, RMSNorm's, cross-entropy's softmax - onehot). The forward here is the one
 // the panel draws (its attention weights are the heatmaps, its losses the curves): there is no
