@@ -369,7 +369,10 @@ PROSE_DECIMALS_ALLOWED = {
     "05-positional-encoding": {"6.3": "2 pi", "0.71": "1/sqrt(2)"},
     "06-transformer": {"0.9": "Adam's beta_1 of the paper", "0.98": "Adam's beta_2 of the paper"},
     "14-a-small-llama": {"0.99": "nanoGPT's beta2 in config/train_shakespeare_char.py"},
-    "15-heads-in-a-language-model": {"3.0": "ln 20, a uniform guess over 20 characters"},
+    "15-heads-in-a-language-model": {
+        "3.0": "ln 20, a uniform guess over 20 characters",
+        "3.47": "ln 32, a uniform guess over the Train panel's 32 tokens",
+    },
     "10-sharing-keys-and-values": {
         "13.5": "Llama 2 7B's 6.74e9 weights in 16-bit: 13.5 GB",
         "8.0": "CUDA compute capability 8.0 (Ampere), which FlashAttention and cuDNN need",

@@ -227,7 +227,7 @@ def test_the_lm_panel_opens_sampling_and_says_why():
 
 STATIC = Path(live.__file__).parent / "static"
 SHARED = ("attendHeads", "addNorm", "argmax", "cacheBytes", "registerConsoleApi", "loadOnce",
-          "showError", "loadWeights", "linear", "softmax", "heatmap")  # fmt: skip
+          "showError", "loadWeights", "linear", "softmax", "heatmap", "mulberry32")  # fmt: skip
 
 
 def test_the_two_forwards_share_their_core():
@@ -237,7 +237,7 @@ def test_the_two_forwards_share_their_core():
     core = (STATIC / "live_core.js").read_text()
     for name in SHARED:
         assert f"function {name}(" in core, name
-        for own in ("live.js", "live_lm.js"):
+        for own in ("live.js", "live_lm.js", "live_train.js"):
             assert not re.search(rf"\b(function|const|let) {name}\b", (STATIC / own).read_text()), (
                 f"{own} defines {name} again"
             )

@@ -22,10 +22,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ...attention.rope import apply_rope
+from ...attention.cache import LayerCache
+from ...attention.multihead import MultiHeadAttention
+from ...attention.rope import RotaryEmbedding, apply_rope
+from ...attention.sdpa import attend
 from ...core.masks import causal_mask
 from ...models.generation import next_token_probs
-from ...models.layers import RMSNorm, SwiGLU
+from ...models.layers import AddNorm, RMSNorm, SwiGLU
 from ...models.lm import DecoderOnlyLM
 
 __all__ = ["StepOp", "STEP_OPS", "step_keys", "step_ops_data", "step_reference"]
@@ -117,14 +120,31 @@ def step_keys(num_layers: int) -> list[str]:
     return keys + [op.key for op in STEP_OPS if not op.per_block and op.key != "embedding"]
 
 
+#: The objects an operation's ``source`` names, imported from the modules that define them.
+_SOURCES = {
+    obj.__name__: obj
+    for obj in (
+        AddNorm,
+        DecoderOnlyLM,
+        LayerCache,
+        MultiHeadAttention,
+        RMSNorm,
+        RotaryEmbedding,
+        SwiGLU,
+        apply_rope,
+        attend,
+        causal_mask,
+        next_token_probs,
+    )
+}
+
+
 def step_ops_data() -> list[dict]:
     """:data:`STEP_OPS` as the page reads them (JSON), with each source's reference anchor
     in the book's API page (the module that defines it, as autodoc writes it)."""
-    import mhbook
-
     out = []
     for op in STEP_OPS:
-        obj = getattr(mhbook, op.source.removeprefix("mhbook."))
+        obj = _SOURCES[op.source.removeprefix("mhbook.")]
         out.append({**asdict(op), "anchor": f"{obj.__module__}.{obj.__qualname__}"})
     return out
 

@@ -35,6 +35,19 @@ async function loadWeights(url) {
   for (const [name, tensor] of Object.entries(raw.tensors)) P[name] = decodeTensor(tensor);
   return { P, raw };
 }
+// mulberry32 (Tommy Ettinger, public domain): a 32-bit state, one add, two multiply-xorshifts per
+// number; a seed (any integer, taken modulo 2^32) gives the same floats in [0, 1) in every
+// browser (the language model's samples, the training panel's weights and batches).
+function mulberry32(seed) {
+  let state = seed >>> 0;
+  return () => {
+    state = (state + 0x6d2b79f5) >>> 0;
+    let t = state;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
 // `build()` once: the promise of the model, shared by every caller; a failed load may be
 // tried again.
 function loadOnce(build) {

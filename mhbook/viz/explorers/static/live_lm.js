@@ -1,7 +1,7 @@
 // The live language model (mhbook/viz/explorers/live.py: live_lm_html; chapter 14 writes the
 // weights with export_lm). Part V's small Llama runs here, in plain JavaScript, after
-// live_core.js ($, esc, loadWeights, loadOnce, linear, softmax, argmax, attendHeads, addNorm,
-// cacheBytes, heatmap, status, showError, registerConsoleApi). One function per piece, named as
+// live_core.js ($, esc, loadWeights, loadOnce, mulberry32, linear, softmax, argmax, attendHeads,
+// addNorm, cacheBytes, heatmap, status, showError, registerConsoleApi). One function per piece, named as
 // in mhbook so that a reader can hold the two side by side: rmsNorm (RMSNorm), swiglu (SwiGLU),
 // rope (RotaryEmbedding, Llama's rotate-half layout), attention (MultiHeadAttention with
 // grouped-query heads and the rolling KV cache of a sliding window, LayerCache(window)), addNorm
@@ -176,19 +176,8 @@ function decoderOnlyLM(id, model, cache, trace = null) {
 }
 
 // ---------------------------------------------------------------- choosing the next character
-// mulberry32 (Tommy Ettinger, public domain): a 32-bit state, one add, two multiply-xorshifts per
-// number; a seed (any integer, taken modulo 2^32) gives the same floats in [0, 1) in every
-// browser. Not PyTorch's generator: a seed here does not give chapter 14's samples.
-function mulberry32(seed) {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+// mulberry32 (live_core.js) draws the samples. Not PyTorch's generator: a seed here does not
+// give chapter 14's samples.
 // mhbook.next_token_probs: softmax((z - max z) / temperature); with `topP` below 1 only the
 // likeliest characters whose probabilities, largest first, reach topP (the one that crosses it
 // included; ties in PyTorch's sort order), renormalised.

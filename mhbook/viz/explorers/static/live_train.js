@@ -20,17 +20,7 @@
 // 50 losses and the phase change against PyTorch (mhbook.training.live_copier).
 
 // ---------------------------------------------------------------- random numbers, both sides
-// mulberry32, as live_lm.js (and mhbook.training.live_copier.mulberry32): floats in [0, 1).
-function mulberry32(seed) {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+// mulberry32 is live_core.js's (mhbook.training.live_copier.mulberry32 is its Python twin).
 const BATCH_SALT = 0x5bd1e995;
 const TEST_SEED = 0x7e57;
 // The parameters in state_dict order, with their shapes, as DecoderOnlyLM names them.
@@ -708,8 +698,8 @@ function oneStep() {
 }
 function setRunning(on) {
   running = on;
+  // The label says what the button will do; no aria-pressed, whose toggle keeps one label.
   startButton.textContent = on ? "Pause" : "Start";
-  startButton.setAttribute("aria-pressed", String(on));
 }
 // Training in slices of ~40 ms that yield to the page between them.
 function slice() {
