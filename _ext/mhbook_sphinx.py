@@ -39,6 +39,10 @@ Practice copies
     "Practice in Colab" button opens the chapter's practice copy, and the download menu offers it
     ("practice .ipynb", served from ``_sources/practice/``).
 
+Panels on a page of their own
+    ``{mhbook-panel} live-train`` puts chapter 15's Train panel on a page of the appendix,
+    made at build time by the function the chapter calls (:data:`PANELS`): no kernel.
+
 API reference
     The directive ``{mhbook-api}`` writes one section per module of the ``mhbook``
     package, found by :mod:`pkgutil` and documented with ``automodule``, so the
@@ -326,6 +330,32 @@ class PackageApi(SphinxDirective):
         return container.children
 
 
+def _live_train_panel() -> str:
+    from mhbook.viz.explorers.live_train import live_train_html
+
+    return live_train_html("page", open=True).data
+
+
+#: The panels a page may show with ``{mhbook-panel} name``: the HTML of each, made at build time
+#: by the function that makes it in the chapters (no kernel, nothing executed but that).
+PANELS = {"live-train": _live_train_panel}
+
+
+class Panel(SphinxDirective):
+    """``{mhbook-panel} live-train`` in a MyST page: a chapter's self-contained panel, on a page
+    of its own (the explorer pages of the appendix)."""
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        name = self.arguments[0]
+        if name not in PANELS:
+            raise self.error(
+                f"mhbook-panel: unknown panel {name!r}; expected one of {sorted(PANELS)}"
+            )
+        return [nodes.raw("", PANELS[name](), format="html")]
+
+
 def _citations_as_list_items(app: Sphinx, pagename, templatename, context, doctree) -> None:
     """docutils writes the bibliography as ``<div role="list">`` of entries with
     ``role="doc-biblioentry"``, a role ARIA does not allow inside a list (axe-core's critical
@@ -346,6 +376,7 @@ def setup(app: Sphinx) -> dict:
     app.add_css_file("mhbook-mathjax2.css")
     app.add_css_file("mhbook-figures.css")
     app.add_directive("mhbook-api", PackageApi)
+    app.add_directive("mhbook-panel", Panel)
     app.add_role("source", _source_role)
     app.connect("missing-reference", _resolve_reexports)
     app.connect("autodoc-skip-member", _skip_namedtuple_fields)

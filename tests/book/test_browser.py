@@ -666,6 +666,39 @@ def test_live_step_through_ch14(visit, build):
     assert tab.locator(f"[id='{href.split('#')[1]}']").count() == 1
 
 
+def test_train_explorer_page(visit):
+    """The appendix's page of chapter 15's Train panel, as a reader finds it: chapter 15 links
+    it, the panel is open at step 0, One step and Start train, Pause stops. No console error,
+    no failed request (tests/viz/test_browser_live_train.py checks the training against
+    PyTorch)."""
+    explorer = [p for p in PAGES if Path(p.file).name == "train-in-the-page"]
+    assert explorer, "no train-in-the-page in _toc.yml"
+    chapter = [p for p in PAGES if Path(p.file).name.startswith("15")]
+    assert chapter, "no chapter 15 in _toc.yml"
+    tab = visit.open(chapter[0].html)
+    link = tab.locator("a[href$='train-in-the-page.html']")
+    assert link.count() >= 1, "chapter 15 does not link the explorer page"
+    assert link.first.get_attribute("href") == "../" + explorer[0].html
+    tab.evaluate(WAIT_FOR_MATHJAX)  # leaving earlier would abort MathJax's requests
+    tab = visit.open(explorer[0].html)
+    panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-train-']")
+    assert panel.locator("details[open]").count() == 1, "the page's panel is not open"
+    status = panel.locator(".mhbook-live-status")
+    tab.wait_for_function(
+        "(el) => el.textContent.startsWith('Step 0')", arg=status.element_handle()
+    )
+    panel.locator(".mhbook-live-train-step").click()
+    assert status.text_content().startswith("Step 1:"), status.text_content()
+    panel.locator(".mhbook-live-train-start").click()
+    tab.wait_for_function(
+        "(el) => /^Step ([2-9]\\d|\\d{3,})/.test(el.textContent)", arg=status.element_handle()
+    )
+    panel.locator(".mhbook-live-train-start").click()  # Pause
+    assert panel.locator(".mhbook-live-train-start").text_content() == "Start"
+    tab.screenshot(path=str(SCREENSHOTS / "train-in-the-page.png"), full_page=True)
+    assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
+
+
 def test_no_page_is_over_5_mb(build):
     """Every page with its images stays under 5 MB (the live panel's weights load apart)."""
     weights = {p.html: _page_weight(build.html_dir / p.html) for p in PAGES}

@@ -52,12 +52,16 @@ def live_train_data() -> dict:
     }
 
 
-def live_train_html(uid: str = "train") -> str:
+def live_train_html(uid: str = "train", open: bool = False) -> str:
     """The panel's HTML with its JavaScript and CSS inline. ``window.mhbookLive`` gains
     ``trainInit({seed, layers, lr})`` (the initial weights by name), ``trainStep()`` (one step
     of that run: ``{loss, norm, grads}``, the gradients before clipping) and
     ``trainRun({seed, layers, lr, steps, every, after})`` (a whole run: every step's loss,
     the looks, the phase change, steps per second).
+
+    Args:
+        uid: names the panel's elements (two panels on one page need two).
+        open: show the panel open (the appendix's page of its own); a chapter shows it folded.
 
     Returns:
         An ``IPython.display.HTML`` object (its ``data`` attribute is the HTML string).
@@ -66,7 +70,13 @@ def live_train_html(uid: str = "train") -> str:
 
     uid = "mhbook-live-train-" + hashlib.sha1(uid.encode()).hexdigest()[:8]
     period = LIVE_COPIER_TASK["periods"][1]
-    body = fill_panel("live_train.html", uid=uid, period=str(period), back=str(period - 1))
+    body = fill_panel(
+        "live_train.html",
+        uid=uid,
+        open="open" if open else "",
+        period=str(period),
+        back=str(period - 1),
+    )
     return HTML(
         embed(
             uid,

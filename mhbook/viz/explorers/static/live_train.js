@@ -749,6 +749,7 @@ for (const box of [seedBox, lrBox, layersBox]) {
 root.querySelector("details").addEventListener("toggle", (event) => {
   if (event.target.open && !panel) reset();
 });
+if (root.querySelector("details").open) reset(); // a page of its own shows it open
 window.mhbookLive = Object.assign(window.mhbookLive || {}, {
   trainInit,
   trainStep: trainStepApi,
