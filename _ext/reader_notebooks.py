@@ -14,6 +14,9 @@ a number. This script writes a copy of each chapter in plain Jupyter Markdown:
 * ``{source}`` links to a file of the repository become ordinary links;
 * ``{doc}`` links become links to the other notebooks (or to the page on the repository);
 * ``{admonition}`` dropdowns become HTML ``<details>``, which Jupyter and Colab fold;
+* the quiz's ``{question}`` directives become a code cell (its code folded) that shows them
+  with :func:`mhbook.viz.explorers.quiz.show_quiz`, each keyed answer written in as the
+  committed run glued it (``:answer: N``, or a number's ``:value: X``);
 * outputs are left out: the reader runs the chapter.
 
 The book's launch button opens these copies in Colab, and the page's ``.ipynb`` download gives
@@ -39,6 +42,8 @@ from pybtex.backends.plaintext import Backend as PlainText
 from pybtex.database import parse_file
 from pybtex.richtext import Text
 
+from mhbook.viz.explorers.quiz import parse_quiz, resolve_answer
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ROOT / "chapters"
 NOTEBOOKS = ROOT / "notebooks"
@@ -50,6 +55,17 @@ DOC = re.compile(r"\{doc\}`(?:([^`<]*?)\s*<([^`>]+)>|([^`]+))`")
 ADMONITION = re.compile(
     r"^```\{admonition\}[ \t]*([^\n]*)\n((?::[a-z_]+:[^\n]*\n)*)(.*?)^```[ \t]*$", re.M | re.S
 )
+QUESTIONS = re.compile(
+    r"^(:{3,})\{question\}.*?^\1[ \t]*$(?:\s*^(:{3,})\{question\}.*?^\2[ \t]*$)*", re.M | re.S
+)
+KEY = re.compile(r"^:key:[ \t]*(\S+)[ \t]*$", re.M)
+QUIZ_CELL = '''#@title The chapter's quiz: run the cell, pick an answer, press Check
+# (the book's Review page brings back the questions you get wrong)
+from mhbook.viz.explorers.quiz import show_quiz
+
+show_quiz(r"""
+{source}
+""")'''
 LEFTOVER = re.compile(r"\{[a-z][a-z:\-]*\}`|^```\{|^:::", re.M)
 
 NOTE = (
@@ -111,6 +127,21 @@ def _title(path: Path) -> str:
 
 def plain_markdown(text: str, *, values, cites, where: str) -> str:
     """One markdown cell of a chapter in plain Jupyter Markdown (see the module's docstring)."""
+    text = ADMONITION.sub(_admonition, _roles(text, values=values, cites=cites, where=where))
+    left = LEFTOVER.search(text)
+    if left:
+        line = text[: left.start()].count("\n") + 1
+        raise ReaderCopyError(f"{where}, line {line}: MyST syntax left: {left.group(0)!r}")
+    return text
+
+
+def _admonition(match):
+    title, body = match.group(1).strip() or "Note", match.group(3).strip("\n")
+    return f"<details>\n<summary><b>{title}</b></summary>\n\n{body}\n\n</details>"
+
+
+def _roles(text: str, *, values, cites, where: str) -> str:
+    """MyST's roles written out: glued numbers, citations, links to pages and to files."""
     url, branch = repository()
 
     def glue(match):
@@ -152,20 +183,57 @@ def plain_markdown(text: str, *, values, cites, where: str) -> str:
             )
         return f"[{label or f'`{target}`'}]({url}/blob/{branch}/{path})"
 
-    def admonition(match):
-        title, body = match.group(1).strip() or "Note", match.group(3).strip("\n")
-        return f"<details>\n<summary><b>{title}</b></summary>\n\n{body}\n\n</details>"
-
     text = GLUE.sub(glue, text)
     text = CITE.sub(cite, text)
     text = DOC.sub(doc, text)
-    text = SOURCE.sub(source, text)
-    text = ADMONITION.sub(admonition, text)
-    left = LEFTOVER.search(text)
-    if left:
-        line = text[: left.start()].count("\n") + 1
-        raise ReaderCopyError(f"{where}, line {line}: MyST syntax left: {left.group(0)!r}")
+    return SOURCE.sub(source, text)
+
+
+def quiz_source(text: str, *, values, cites, where: str) -> str:
+    """Questions as a reader copy's quiz cell shows them: roles written out, and each keyed
+    answer written in from the committed run's glue."""
+    glued = {name: value["data"]["text/plain"] for name, value in values.items()}
+    answers = {}
+    for question in parse_quiz(text, where=where):
+        if question.key:
+            value = resolve_answer(question, glued)
+            kind = "value" if question.kind == "number" else "answer"
+            answers[question.key] = (
+                f":{kind}: {value:g}" if kind == "value" else f":answer: {value}"
+            )
+
+    text = KEY.sub(lambda m: answers[m.group(1)], text)
+    text = _roles(text, values=values, cites=cites, where=where)
+    if '"""' in text:
+        raise ReaderCopyError(
+            f"{where}: a question holds '\"\"\"', which ends the quiz cell's string"
+        )
     return text
+
+
+def _cells(source: str, *, values, cites, where: str) -> list:
+    """A markdown cell of a chapter as reader-copy cells: its Markdown, and a code cell for
+    each run of questions in it."""
+    cells, start = [], 0
+    for match in QUESTIONS.finditer(source):
+        if source[start : match.start()].strip():
+            text = source[start : match.start()].strip("\n")
+            cells.append(
+                new_markdown(plain_markdown(text, values=values, cites=cites, where=where))
+            )
+        quiz = quiz_source(match.group(0), values=values, cites=cites, where=where)
+        cell = nbformat.v4.new_code_cell(QUIZ_CELL.format(source=quiz))
+        cell.metadata.update({"cellView": "form", "jupyter": {"source_hidden": True}})
+        cells.append(cell)
+        start = match.end()
+    if source[start:].strip() or not cells:
+        text = source[start:].strip("\n") if cells else source
+        cells.append(new_markdown(plain_markdown(text, values=values, cites=cites, where=where)))
+    return cells
+
+
+def new_markdown(text: str):
+    return nbformat.v4.new_markdown_cell(text)
 
 
 def reader_copy(path: Path):
@@ -176,16 +244,20 @@ def reader_copy(path: Path):
     for index, cell in enumerate(notebook.cells):
         where = f"{path.name}, cell {index}"
         if cell.cell_type == "markdown":
-            source = plain_markdown(cell.source, values=values, cites=cites, where=where)
-            new = nbformat.v4.new_markdown_cell(source)
+            cells = _cells(cell.source, values=values, cites=cites, where=where)
+            for n, extra in enumerate(cells[1:], 1):
+                extra.id = f"{cell.get('id', 'cell')}-{n}"
+            new, *more = cells
         elif cell.cell_type == "code":
+            more = []
             new = nbformat.v4.new_code_cell(cell.source)
             if "tags" in cell.metadata:
                 new.metadata["tags"] = list(cell.metadata["tags"])
         else:
+            more = []
             new = nbformat.v4.new_raw_cell(cell.source)
         new.id = cell.get("id", new.id)
-        out.cells.append(new)
+        out.cells += [new, *more]
         if index == 0 and cell.cell_type == "markdown":
             note = nbformat.v4.new_markdown_cell(NOTE)
             note.id = "reader-copy-note"

@@ -22,6 +22,9 @@ ipywidgets twins (need a kernel).
   the PyTorch check, ``step_reference``).
 * :mod:`mhbook.viz.explorers.live_train`: chapter 15's "Train" panel: the induction-head toy
   trained in the page (``static/live_train.js``, a forward and a hand-written backward pass).
+* :mod:`mhbook.viz.explorers.quiz`: the chapters' quizzes: the one reading of a question's
+  source (the book's ``{question}``), and the quiz of a reader copy in Jupyter and Colab
+  (``static/quiz.js``, which the book's pages use too; ``static/quiz_review.js``, the review).
 * :mod:`mhbook.viz.explorers.twin`: what the ipywidgets twins share (ipywidgets loads lazily).
 * :mod:`mhbook.viz.explorers.svg`: what every explorer shares: the SVG heatmap, bar and line
   charts (redrawn by ``static/heatmap.js`` and ``static/charts.js``), the colour scale,
