@@ -59,13 +59,13 @@ QUESTIONS = re.compile(
     r"^(:{3,})\{question\}.*?^\1[ \t]*$(?:\s*^(:{3,})\{question\}.*?^\2[ \t]*$)*", re.M | re.S
 )
 KEY = re.compile(r"^:key:[ \t]*(\S+)[ \t]*$", re.M)
-QUIZ_CELL = '''#@title The chapter's quiz: run the cell, pick an answer, press Check
+QUIZ_CELL = """#@title The chapter's quiz: run the cell, pick an answer, press Check
 # (the book's Review page brings back the questions you get wrong)
 from mhbook.viz.explorers.quiz import show_quiz
 
-show_quiz(r"""
+show_quiz(r{q}
 {source}
-""")'''
+{q})"""
 LEFTOVER = re.compile(r"\{[a-z][a-z:\-]*\}`|^```\{|^:::", re.M)
 
 NOTE = (
@@ -204,10 +204,8 @@ def quiz_source(text: str, *, values, cites, where: str) -> str:
 
     text = KEY.sub(lambda m: answers[m.group(1)], text)
     text = _roles(text, values=values, cites=cites, where=where)
-    if '"""' in text:
-        raise ReaderCopyError(
-            f"{where}: a question holds '\"\"\"', which ends the quiz cell's string"
-        )
+    if '"""' in text and "'''" in text:
+        raise ReaderCopyError(f"{where}: a question holds both kinds of triple quotes")
     return text
 
 
@@ -222,7 +220,8 @@ def _cells(source: str, *, values, cites, where: str) -> list:
                 new_markdown(plain_markdown(text, values=values, cites=cites, where=where))
             )
         quiz = quiz_source(match.group(0), values=values, cites=cites, where=where)
-        cell = nbformat.v4.new_code_cell(QUIZ_CELL.format(source=quiz))
+        q = "'''" if '"""' in quiz else '"""'  # a snippet in a question may hold a docstring
+        cell = nbformat.v4.new_code_cell(QUIZ_CELL.format(source=quiz, q=q))
         cell.metadata.update({"cellView": "form", "jupyter": {"source_hidden": True}})
         cells.append(cell)
         start = match.end()

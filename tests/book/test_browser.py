@@ -699,6 +699,117 @@ def test_train_explorer_page(visit):
     assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
 
 
+def _answer(tab, quiz, right: bool) -> str:
+    """Answer a built question right or wrong (the right choice or the first wrong one; the
+    right number or one outside the tolerance) and return what the page says."""
+    kind, answer = quiz.get_attribute("data-kind"), quiz.get_attribute("data-answer")
+    result = quiz.locator(".mhbook-quiz-result")
+    if kind == "number":
+        value = float(answer) if right else _wrong_number(quiz)
+        quiz.locator("input.mhbook-quiz-number").fill(f"{value:g}")
+        quiz.locator("input.mhbook-quiz-number").press("Enter")
+    else:
+        n = int(answer) if right else (1 if int(answer) != 1 else 2)
+        quiz.locator("input[type=radio]").nth(n - 1).check()
+        quiz.locator("button[type=submit]").click()
+    return result.text_content()
+
+
+def _wrong_number(quiz) -> float:
+    """A number outside the question's tolerance."""
+    tolerance = float(quiz.get_attribute("data-tolerance") or 0)
+    return float(quiz.get_attribute("data-answer")) + 1 + 10 * tolerance
+
+
+def _feedback(quiz, right: bool) -> str:
+    """The explanation the page should show: that of the choice picked by :func:`_answer`."""
+    kind, answer = quiz.get_attribute("data-kind"), quiz.get_attribute("data-answer")
+    choices = quiz.locator(".mhbook-quiz-choice")
+    if kind == "number":
+        wrong = f"{_wrong_number(quiz):g}"
+        values = [choices.nth(i).get_attribute("data-value") for i in range(choices.count())]
+        pick = values.index("=") if right else values.index(wrong if wrong in values else "?")
+    else:
+        pick = int(answer) - 1 if right else (0 if int(answer) != 1 else 1)
+    return " ".join(choices.nth(pick).locator(".mhbook-quiz-feedback").text_content().split())
+
+
+def test_quizzes_and_the_review(visit, tmp_path):
+    """One quiz per part, answered as a reader does: every question of the chapter right or
+    wrong in turn, the verdict and the picked choice's explanation shown in the live region,
+    one question from the keyboard alone. Then the review page: the questions answered wrong
+    first are due (FSRS brings them back within a minute), the right ones are not; after a
+    reload they still are; answered right there, they leave; export, reset and import bring the
+    history back. No console error, no failed request; axe finds nothing on the review page."""
+    wrong_first = []
+    for prefix in ("01", "05", "09", "13", "14"):
+        chapter = [p for p in PAGES if Path(p.file).name.startswith(prefix)]
+        assert chapter, f"no chapter {prefix} in _toc.yml"
+        tab = visit.open(chapter[0].html)
+        quizzes = tab.locator("div.mhbook-quiz")
+        assert 5 <= quizzes.count() <= 8, f"chapter {prefix}: {quizzes.count()} questions"
+        for i in range(quizzes.count()):
+            quiz = quizzes.nth(i)
+            quiz.scroll_into_view_if_needed()
+            right = i % 2 == 1
+            said = " ".join(_answer(tab, quiz, right).split())
+            verdict = "✓ Right." if right else "✗ Not right."
+            assert said.startswith(verdict), (prefix, i, said)
+            assert _feedback(quiz, right) in said, (prefix, i, said)
+            if not right:
+                wrong_first.append(quiz.get_attribute("data-quiz-id"))
+                again = " ".join(_answer(tab, quiz, True).split())  # a second try: not recorded
+                assert again.startswith("✓ Right."), again
+            assert "comes back" in quiz.locator(".mhbook-quiz-next").text_content()
+    # The keyboard alone: Tab into the last chapter's first question, arrows, Enter.
+    first = tab.locator("div.mhbook-quiz").first
+    if first.get_attribute("data-kind") != "number":
+        first.locator("input[type=radio]").first.focus()
+        tab.keyboard.press("ArrowDown")
+        tab.keyboard.press("Enter")
+        assert first.locator(".mhbook-quiz-result").get_attribute("role") == "status"
+        assert first.locator(".mhbook-quiz-result").text_content().startswith(("✓", "✗"))
+    assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
+
+    review = visit.open("review.html")
+    root = review.locator("#mhbook-review")
+    shown = lambda: [  # noqa: E731
+        q.get_attribute("data-quiz-id") for q in root.locator("div.mhbook-quiz").all()
+    ]
+    assert sorted(shown()) == sorted(wrong_first), (shown(), wrong_first)
+    assert (
+        root.locator(".mhbook-review-summary")
+        .text_content()
+        .startswith(f"{len(wrong_first)} questions to review now.")
+    )
+    review.screenshot(path=str(SCREENSHOTS / "review.png"), full_page=True)
+    review.reload()
+    assert sorted(shown()) == sorted(wrong_first)
+    with review.expect_download() as download:
+        root.get_by_role("button", name="Export").click()
+    saved = tmp_path / "history.json"
+    download.value.save_as(saved)
+    assert all(qid in saved.read_text() for qid in wrong_first)
+    first = root.locator("div.mhbook-quiz").first
+    gone = first.get_attribute("data-quiz-id")
+    assert _answer(review, first, True).startswith("✓ Right.")
+    review.reload()
+    assert gone not in shown()
+    root.get_by_role("button", name="Reset…").click()
+    root.get_by_role("button", name="Reset: forget every answer (press again)").click()
+    assert shown() == [] and root.locator(".mhbook-review-summary").text_content().startswith(
+        "0 questions to review now. You have answered 0"
+    )
+    root.locator("input[type=file]").set_input_files(str(saved))
+    review.wait_for_function(
+        "() => document.querySelectorAll('#mhbook-review .mhbook-quiz').length > 0"
+    )
+    assert sorted(shown()) == sorted(wrong_first)
+    assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
+    problems = axe_problems(review)
+    assert not problems, problems
+
+
 def test_no_page_is_over_5_mb(build):
     """Every page with its images stays under 5 MB (the live panel's weights load apart)."""
     weights = {p.html: _page_weight(build.html_dir / p.html) for p in PAGES}
