@@ -230,7 +230,9 @@ def test_nbval_checks_every_cell(path):
     ignored = {
         n: c
         for n, c in enumerate(code, start=1)
-        if n > 1 and (IGNORE_TAG in _tags(c) or _first_line(c).upper().startswith(IGNORE_COMMENT))
+        if n > 1
+        and (IGNORE_TAG in _tags(c) or _first_line(c).upper().startswith(IGNORE_COMMENT))
+        and not _glue_only(c)  # glues a quiz's key: shows nothing, claims nothing
     }
     assert len(ignored) <= MAX_IGNORED_FRACTION * (len(code) - 1), (
         f"{path.name}: {len(ignored)} of {len(code) - 1} code cells are nbval-ignore-output "
@@ -247,6 +249,24 @@ def test_nbval_checks_every_cell(path):
         f"{path.name}: cells {unchecked} are nbval-ignore-output but assert nothing; assert the "
         "claim the text makes of their output (it still runs under nbval)"
     )
+
+
+def _glue_only(cell) -> bool:
+    """A cell of ``mhbook.glue(...)`` calls (the quizzes' keys), and assignments to names that
+    start with ``quiz_``: it prints nothing, and what it glues is checked where the quiz uses it
+    (tests/book/test_quiz.py, and the book's build)."""
+
+    def quiet(s):
+        if isinstance(s, ast.Assign):
+            return all(isinstance(t, ast.Name) and t.id.startswith("quiz_") for t in s.targets)
+        return (
+            isinstance(s, ast.Expr)
+            and isinstance(s.value, ast.Call)
+            and ast.unparse(s.value.func) in ("mhbook.glue", "glue")
+        )
+
+    body = ast.parse(cell.source).body
+    return bool(body) and all(quiet(s) for s in body)
 
 
 @per_chapter

@@ -3,8 +3,10 @@
 // buttons (or a number box) and a Check button; the explanation of the reader's choice appears
 // in a live region, which screen readers announce. A question's first answer in a page view is
 // sent as the event "mhbook-quiz-answer" ({id, correct}); the book's review (quiz_review.js)
-// schedules it. Written by hand: the tools we tried (jupyterquiz) load MathJax from a CDN and
-// give neither keyboard nor screen-reader access.
+// schedules it. Written by hand, because jupyterquiz (2.9, the well-kept tool for JSON quizzes in
+// Jupyter Book) falls back to MathJax from a CDN, makes its multiple-choice answers clickable
+// labels that the keyboard cannot reach, and does not announce its feedback; and its questions
+// live in JSON, where the book's translations would not reach them.
 (function () {
   "use strict";
   if (window.mhbookQuiz) {
