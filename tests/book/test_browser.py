@@ -721,17 +721,27 @@ def _wrong_number(quiz) -> float:
     return float(quiz.get_attribute("data-answer")) + 1 + 10 * tolerance
 
 
-def _feedback(quiz, right: bool) -> str:
-    """The explanation the page should show: that of the choice picked by :func:`_answer`."""
+PLAIN_TEXT = """(el) => {
+  const copy = el.cloneNode(true);  // the text without its math, however MathJax drew it
+  copy.querySelectorAll(".math, script, .MathJax, .MathJax_Preview, .MathJax_Display, math")
+    .forEach((e) => e.remove());
+  return copy.textContent.replace(/\\s+/g, " ").trim();
+}"""
+
+
+def _feedback(quiz, right: bool) -> tuple[str, str]:
+    """The picked choice (its ``data-value``) and its explanation's text without math: what
+    the page should show after :func:`_answer`."""
     kind, answer = quiz.get_attribute("data-kind"), quiz.get_attribute("data-answer")
     choices = quiz.locator(".mhbook-quiz-choice")
+    values = [choices.nth(i).get_attribute("data-value") for i in range(choices.count())]
     if kind == "number":
         wrong = f"{_wrong_number(quiz):g}"
-        values = [choices.nth(i).get_attribute("data-value") for i in range(choices.count())]
         pick = values.index("=") if right else values.index(wrong if wrong in values else "?")
     else:
         pick = int(answer) - 1 if right else (0 if int(answer) != 1 else 1)
-    return " ".join(choices.nth(pick).locator(".mhbook-quiz-feedback").text_content().split())
+    why = choices.nth(pick).locator(".mhbook-quiz-feedback").evaluate(PLAIN_TEXT)
+    return values[pick], why
 
 
 def test_quizzes_and_the_review(visit, tmp_path):
@@ -755,7 +765,10 @@ def test_quizzes_and_the_review(visit, tmp_path):
             said = " ".join(_answer(tab, quiz, right).split())
             verdict = "✓ Right." if right else "✗ Not right."
             assert said.startswith(verdict), (prefix, i, said)
-            assert _feedback(quiz, right) in said, (prefix, i, said)
+            picked, why = _feedback(quiz, right)
+            result = quiz.locator(".mhbook-quiz-result")
+            assert result.get_attribute("data-choice") == picked, (prefix, i, picked)
+            assert why and why in result.evaluate(PLAIN_TEXT), (prefix, i, why)
             if not right:
                 wrong_first.append(quiz.get_attribute("data-quiz-id"))
                 again = " ".join(_answer(tab, quiz, True).split())  # a second try: not recorded

@@ -43,6 +43,9 @@
     return svg;
   }
 
+  // The picked choice's explanation, copied into the live region (typeset math included:
+  // the explanations stay in the page, folded but measurable, so MathJax typesets them
+  // with the rest; the copy drops their ids).
   function announce(quiz, choice, correct) {
     const result = quiz.querySelector(".mhbook-quiz-result");
     result.replaceChildren();
@@ -51,11 +54,16 @@
     result.append(verdict);
     if (choice) {
       const why = choice.querySelector(".mhbook-quiz-feedback").cloneNode(true);
-      why.hidden = false;
+      why.querySelectorAll("[id]").forEach((el) => el.removeAttribute("id"));
+      why.querySelectorAll("pre").forEach((pre) => (pre.tabIndex = 0));
       result.append(...why.childNodes);
+      result.dataset.choice = choice.dataset.value;
     }
     result.className = "mhbook-quiz-result " + (correct ? "right" : "wrong");
-    if (window.MathJax && window.MathJax.Hub) window.MathJax.Hub.Queue(["Typeset", window.MathJax.Hub, result]);
+    const raw = result.querySelector(".math:not(.MathJax_Processed)");
+    if (raw && window.MathJax && window.MathJax.Hub && !result.querySelector(".MathJax, .MathJax_Display")) {
+      window.MathJax.Hub.Queue(["Typeset", window.MathJax.Hub, result]);
+    }
     if (!quiz.dataset.answered) {
       quiz.dataset.answered = "1";
       document.dispatchEvent(
@@ -66,9 +74,13 @@
 
   function mountChoices(quiz, form, choices) {
     const answer = Number(quiz.dataset.answer);
+    // The choices stay a list; a group around it names them by the question.
     const list = quiz.querySelector(".mhbook-quiz-choices");
-    list.setAttribute("role", "radiogroup");
-    list.setAttribute("aria-labelledby", quiz.id + "-prompt");
+    const group = document.createElement("div");
+    group.setAttribute("role", "radiogroup");
+    group.setAttribute("aria-labelledby", quiz.id + "-prompt");
+    list.replaceWith(group);
+    group.append(list);
     choices.forEach((li, n) => {
       const label = li.querySelector(".mhbook-quiz-label");
       if (quiz.dataset.kind === "mask") {
@@ -118,7 +130,8 @@
     box.className = "mhbook-quiz-number";
     box.setAttribute("aria-labelledby", quiz.id + "-prompt");
     form.prepend(box);
-    quiz.querySelector(".mhbook-quiz-choices").hidden = true;
+    quiz.querySelector(".mhbook-quiz-choices").classList.add("mhbook-quiz-folded");
+    quiz.querySelector(".mhbook-quiz-choices").inert = true;
     const by = (value) => choices.find((li) => li.dataset.value === value);
     form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -144,8 +157,14 @@
     quiz.id = quiz.id || `mhbook-quiz-${quiz.dataset.quizId}-${count}`;
     const prompt = quiz.querySelector(".mhbook-quiz-prompt");
     prompt.id = quiz.id + "-prompt";
+    // A snippet wider than the box scrolls: the keyboard must reach it.
+    prompt.querySelectorAll("pre").forEach((pre) => (pre.tabIndex = 0));
     const choices = Array.from(quiz.querySelectorAll(".mhbook-quiz-choice"));
-    choices.forEach((li) => (li.querySelector(".mhbook-quiz-feedback").hidden = true));
+    choices.forEach((li) => {
+      const why = li.querySelector(".mhbook-quiz-feedback");
+      why.classList.add("mhbook-quiz-folded");
+      why.inert = true; // nor focused nor read: its links wait in the live region's copy
+    });
     const form = document.createElement("form");
     form.className = "mhbook-quiz-form";
     const check = document.createElement("button");
