@@ -161,6 +161,17 @@ class BuildResult:
         )
 
 
+#: Where the browser tests build the book (tests/book/conftest.py).
+BUILD_DIR = Path(os.environ.get("MHBOOK_BROWSER_BUILD") or ROOT / "_build" / "browser-test")
+
+
+def _toc_pages_or_none():
+    try:  # the pages that exist; test_toc_lists_pages fails on a missing one
+        return toc_pages(missing_ok=True)
+    except (OSError, ValueError):
+        return []
+
+
 def build_book(out_dir: Path, root: Path = ROOT, timeout: float = 900) -> BuildResult:
     """``jupyter-book build`` the committed notebooks (no execution) into ``out_dir``.
 
@@ -226,3 +237,14 @@ if __name__ == "__main__":
         print(f"serving {result.html_dir} at {url}  (Ctrl-C to stop)")
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
+
+
+#: The book's pages (``_toc.yml``) that exist, for the browser tests' parametrisation.
+PAGES = _toc_pages_or_none()
+
+
+def page_weight(html: Path) -> int:
+    """Bytes of a built page: its HTML and the images it shows (the theme's shared files aside)."""
+    text = html.read_text(encoding="utf8")
+    images = {(html.parent / src).resolve() for src in re.findall(r'<img[^>]+src="([^"]+)"', text)}
+    return html.stat().st_size + sum(f.stat().st_size for f in images if f.is_file())

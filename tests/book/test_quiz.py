@@ -2,7 +2,7 @@
 book's directive (_ext/mhbook_quiz.py, on a small Sphinx project of its own), the keys against
 the chapters' committed runs, the reader copies' quiz cells, and the vendored scheduler.
 
-The built book's quizzes are answered in Chromium by tests/book/test_browser.py.
+The built book's quizzes are answered in Chromium by tests/book/test_browser_panels.py.
 """
 
 from __future__ import annotations

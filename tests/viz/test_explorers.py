@@ -1,6 +1,7 @@
 """Tests of mhbook.viz.explorers: the HTML each explorer writes (its data, ids, labels, the first
 picture) and, in headless Chromium on a local file, that its JavaScript computes what the
-Python reference computes. (The same explorers in the built book: tests/book/test_browser.py.)"""
+Python reference computes. (The same explorers in the built book:
+tests/book/test_browser_panels.py.)"""
 
 from __future__ import annotations
 

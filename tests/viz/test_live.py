@@ -1,8 +1,8 @@
 """The live translator's weights file (``mhbook.viz.explorers.live``), without a browser.
 
-The browser test (``tests/book/test_browser.py::test_live_translator``) runs the JavaScript forward
-and compares it with PyTorch; these tests check the file it loads: written by chapter 6's own
-run, small, and exactly the chapter's model rounded to float16.
+The browser test (``tests/book/test_browser_panels.py::test_live_translator``) runs the
+JavaScript forward and compares it with PyTorch; these tests check the file it loads: written
+by chapter 6's own run, small, and exactly the chapter's model rounded to float16.
 """
 
 from __future__ import annotations

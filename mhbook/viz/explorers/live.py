@@ -12,7 +12,7 @@ Chapter 6 calls :func:`export_translator` on the model it trained, which writes 
 beside the chapter; the book build copies it into the HTML book (``_ext/mhbook_sphinx.py``),
 and the panel fetches it when the reader opens it. :func:`shipped_model` builds the PyTorch
 model of exactly those weights, which the browser test compares with the JavaScript forward
-(``tests/book/test_browser.py``).
+(``tests/book/test_browser_panels.py``).
 
 Part V's language model runs live the same way (chapter 14): :func:`export_lm` writes the small
 Llama's weights and its 65 characters (:data:`LIVE_LM_FILE`), :func:`shipped_lm` is the PyTorch

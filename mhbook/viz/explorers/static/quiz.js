@@ -46,6 +46,13 @@
   // The picked choice's explanation, copied into the live region (typeset math included:
   // the explanations stay in the page, folded but measurable, so MathJax typesets them
   // with the rest; the copy drops their ids).
+  function spokenText(el) {
+    const copy = el.cloneNode(true);
+    copy.querySelectorAll("script[type^='math/tex']").forEach((s) => s.replaceWith(s.textContent));
+    copy.querySelectorAll(".MathJax, .MathJax_Preview, .MathJax_Display").forEach((e) => e.remove());
+    return copy.textContent.replace(/\\[()[\]]/g, "").replace(/\s+/g, " ").trim();
+  }
+
   function announce(quiz, choice, correct) {
     const result = quiz.querySelector(".mhbook-quiz-result");
     result.replaceChildren();
@@ -88,6 +95,9 @@
         if (code) code.replaceWith(maskPicture(code.textContent.trim()));
       }
       const input = document.createElement("input");
+      // A choice of math alone has no text for the accessibility tree once MathJax draws it:
+      // its name is its TeX, read now, before MathJax runs.
+      if (label.querySelector(".math")) input.setAttribute("aria-label", spokenText(label));
       input.type = "radio";
       input.name = quiz.id;
       input.value = String(n + 1);
