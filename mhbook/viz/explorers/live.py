@@ -77,7 +77,7 @@ MAX_NUMBER = 999_999
 _CONFIG_FIELDS = ("d_model", "num_heads", "num_layers", "d_ff", "norm_eps", "scale_embeddings")
 
 
-def _panel(template: str, **values: str) -> str:
+def fill_panel(template: str, **values: str) -> str:
     """``static/template`` (HTML) with its ``${name}`` placeholders filled by ``values``, each
     HTML-escaped (quotes too: a value may stand in an attribute). A placeholder without a value,
     or a stray ``$``, raises. The template's leading ``<!-- ... -->`` note is for its readers
@@ -86,10 +86,6 @@ def _panel(template: str, **values: str) -> str:
     if text.startswith("<!--"):
         text = text[text.index("-->") + 3 :]
     return Template(text).substitute({k: html.escape(v, quote=True) for k, v in values.items()})
-
-
-#: :func:`_panel` for the other live panels' modules (``live_train.py``, chapter 15's).
-fill_panel = _panel
 
 
 def _check_supported(config: ModelConfig) -> None:
@@ -225,7 +221,7 @@ def live_translator_html(url: str = f"../_static/{LIVE_FILE}", example: str = "7
     from IPython.display import HTML
 
     uid = "mhbook-live-" + hashlib.sha1(url.encode()).hexdigest()[:8]
-    body = _panel("live.html", uid=uid, example=example)
+    body = fill_panel("live.html", uid=uid, example=example)
     data = {"url": url, "scale": colour_scale(), "maxNumber": MAX_NUMBER}
     return HTML(
         embed(uid, body, ["live_core.js", "live.js"], data, css=["explorer.css", "live.css"])
@@ -360,7 +356,7 @@ def live_lm_html(
     from IPython.display import HTML
 
     uid = "mhbook-live-lm-" + hashlib.sha1(url.encode()).hexdigest()[:8]
-    body = _panel("live_lm.html", uid=uid, prompt=prompt)
+    body = fill_panel("live_lm.html", uid=uid, prompt=prompt)
     data = {"url": url, "scale": colour_scale(), "glyphs": GLYPHS, "ops": step_ops_data()}
     data["api"] = api
     return HTML(
