@@ -484,8 +484,13 @@ def test_quizzes_and_the_review(visit, tmp_path):
     for prefix in ("01", "05", "09", "13", "14"):
         chapter = [p for p in PAGES if Path(p.file).name.startswith(prefix)]
         assert chapter, f"no chapter {prefix} in _toc.yml"
-        tab = visit.open(chapter[0].html)
-        tab.evaluate(WAIT_FOR_MATHJAX)  # leaving a page before would abort MathJax's requests
+        # A tab of its own, closed once answered: no wait for MathJax to typeset the whole
+        # chapter (test_page checks that), and nothing it still loads counts as failed.
+        tab, errors = visit.context.new_page(), []
+        tab.on("console", lambda m, e=errors: e.append(m.text) if m.type == "error" else None)
+        tab.on("pageerror", lambda err, e=errors: e.append(str(err)))
+        tab.on("response", lambda r, e=errors: r.status < 400 or e.append(f"{r.status} {r.url}"))
+        tab.goto(visit.base_url + chapter[0].html, wait_until="load")
         quizzes = tab.locator("div.mhbook-quiz")
         assert 5 <= quizzes.count() <= 8, f"chapter {prefix}: {quizzes.count()} questions"
         kinds = [quizzes.nth(i).get_attribute("data-kind") for i in range(quizzes.count())]
@@ -506,15 +511,23 @@ def test_quizzes_and_the_review(visit, tmp_path):
                 again = " ".join(_answer(tab, quiz, True).split())  # a second try: not recorded
                 assert again.startswith("✓ Right."), again
             assert "comes back" in quiz.locator(".mhbook-quiz-next").text_content()
-    # The keyboard alone: Tab into the last chapter's first question, arrows, Enter.
-    first = tab.locator("div.mhbook-quiz").first
-    if first.get_attribute("data-kind") != "number":
-        first.locator("input[type=radio]").first.focus()
-        tab.keyboard.press("ArrowDown")
-        tab.keyboard.press("Enter")
-        assert first.locator(".mhbook-quiz-result").get_attribute("role") == "status"
-        assert first.locator(".mhbook-quiz-result").text_content().startswith(("✓", "✗"))
-    assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
+        if prefix == "14":  # the keyboard alone: focus a choice, arrows, Enter
+            last = quizzes.nth(quizzes.count() - 1)
+            if last.get_attribute("data-kind") != "number":
+                last.locator("input[type=radio]").first.focus()
+                tab.keyboard.press("ArrowDown")
+                tab.keyboard.press("Enter")
+                result = last.locator(".mhbook-quiz-result")
+                assert result.get_attribute("role") == "status"
+                assert result.text_content().startswith(("✓", "✗"))
+                wrong_first += (
+                    []
+                    if result.text_content().startswith("✓")
+                    else [last.get_attribute("data-quiz-id")]
+                )
+        assert not errors, (prefix, errors)
+        tab.close()
+    assert not visit.external, visit.external
 
     review = visit.open("review.html")
     review.evaluate(WAIT_FOR_MATHJAX)
