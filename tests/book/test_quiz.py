@@ -8,7 +8,6 @@ The built book's quizzes are answered in Chromium by tests/book/test_browser_pan
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import sys
 import textwrap
@@ -29,12 +28,8 @@ from mhbook.viz.explorers.quiz import (
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 sys.path.insert(0, str(ROOT / "_ext"))
-_spec = importlib.util.spec_from_file_location(
-    "reader_notebooks", ROOT / "_ext/reader_notebooks.py"
-)
-reader_notebooks = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("reader_notebooks", reader_notebooks)
-_spec.loader.exec_module(reader_notebooks)
+import mhbook_quiz  # noqa: E402  (_ext/, on the path now)
+import reader_notebooks  # noqa: E402
 
 SHAPE = """\
 :kind: shape
@@ -272,8 +267,6 @@ def test_the_reader_copies_show_the_quiz_in_a_cell():
 def test_the_vendored_scheduler_is_the_npm_packages_file():
     """Each file of _ext/static/vendor/ has the sha256 recorded in mhbook_quiz.VENDORED (that of
     the file in the npm registry's tarball) and its licence beside it."""
-    import mhbook_quiz
-
     folder = ROOT / "_ext" / "static" / "vendor"
     for name, (package, _, sha256) in mhbook_quiz.VENDORED.items():
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == sha256, name
