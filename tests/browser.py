@@ -164,16 +164,20 @@ AXE_FAILING_IMPACTS = {"serious", "critical"}
 # elements it flags, so a new violation of the same rule in the book's own content still fails.
 AXE_THEME_ALLOWED: dict[str, tuple[str, str]] = {}
 
-# Highlighted code and outputs, API signatures and inline code hold thousands of spans in a few
-# colours of the theme (chapter 7: 13,000). axe's color-contrast rule takes seconds per thousand
-# nodes (14 s for chapter 7 alone, 20 s for the API page), so in these regions text contrast is
-# checked by colour instead (_colour_problems): every distinct text colour, background, size and
-# weight among their visible text must reach the ratio axe requires. axe checks the rest.
-CONTRAST_BY_COLOUR = (".highlight", ".sig", "code")
-# The API page is the theme's styles over 35,000 autodoc nodes. There axe's color-contrast
-# rule takes 15 s even outside those regions (it first lays out a grid of every element of
-# the page), so the whole page's text is checked by colour.
-CONTRAST_BY_COLOUR_ONLY = {"api": ("body",)}
+# Text contrast is checked by colour on every page (_colour_problems): every distinct text
+# colour, background, size and weight among the visible text must reach the ratio axe requires.
+# It costs 0.3 s for chapter 7, where axe's own color-contrast rule costs 4 s even outside the
+# highlighted code (2 to 15 s a page: it lays out a grid of every element first), which was the
+# largest part of the browser test. test_colour_check_agrees_with_axe shows both finding the same
+# planted problems, and axe's rule still runs on the pages of AXE_CONTRAST_PAGES (the theme's
+# chrome, the quiz, the review page, a chapter's explorers), outside the regions named there:
+# highlighted code, API signatures and inline code, thousands of spans in a few theme colours.
+CODE_REGIONS = (".highlight", ".sig", "code")
+AXE_CONTRAST_PAGES = {
+    "intro": CODE_REGIONS,
+    "review": CODE_REGIONS,
+    "chapters/03-masking": CODE_REGIONS,
+}
 
 # {"[colour, [backgrounds from the element up to an opaque one], size, weight, opacity]": an
 # element that has it} for the visible text inside the elements matching the selectors.
@@ -197,7 +201,8 @@ COLOUR_PAIRS = r"""
     const s = getComputedStyle(el);
     if (s.visibility !== "visible") continue;
     const key = JSON.stringify([s.color, layers(el), s.fontSize, s.fontWeight, s.opacity]);
-    if (!(key in found)) found[key] = `<${el.tagName.toLowerCase()} class="${el.className}">`;
+    const id = el.id ? ` id="${el.id}"` : "";
+    if (!(key in found)) found[key] = `<${el.tagName.toLowerCase()}${id} class="${el.className}">`;
   }
   return found;
 }
@@ -237,9 +242,9 @@ def contrast_ratio(colour: str, backgrounds: list[str], opacity: float = 1.0) ->
     return (lighter + 0.05) / (darker + 0.05)
 
 
-def _colour_problems(tab, selectors: tuple[str, ...] = CONTRAST_BY_COLOUR) -> list[str]:
-    """Text in the CONTRAST_BY_COLOUR regions below axe's color-contrast thresholds (WCAG AA:
-    4.5, or 3 for large text: 24 px, or 18.66 px bold)."""
+def _colour_problems(tab, selectors: tuple[str, ...] = ("body",)) -> list[str]:
+    """Text inside the elements that match ``selectors`` below axe's color-contrast thresholds
+    (WCAG AA: 4.5, or 3 for large text: 24 px, or 18.66 px bold)."""
     problems = []
     for key, element in tab.evaluate(COLOUR_PAIRS, list(selectors)).items():
         colour, backgrounds, size, weight, opacity = json.loads(key)
@@ -254,7 +259,7 @@ def _colour_problems(tab, selectors: tuple[str, ...] = CONTRAST_BY_COLOUR) -> li
     return problems
 
 
-def _axe_violations(tab, contrast_by_colour: tuple[str, ...] = CONTRAST_BY_COLOUR) -> list[dict]:
+def _axe_violations(tab, axe_contrast_outside: tuple[str, ...] | None = None) -> list[dict]:
     try:
         from axe_playwright_python.sync_playwright import Axe
     except ImportError:
@@ -270,8 +275,8 @@ def _axe_violations(tab, contrast_by_colour: tuple[str, ...] = CONTRAST_BY_COLOU
         "runOnly": {"type": "rule", "values": ["color-contrast"]},
     }
     violations = axe.run(tab, options=everything_else).response["violations"]
-    if contrast_by_colour != ("body",):
-        outside = {"exclude": [[selector] for selector in contrast_by_colour]}
+    if axe_contrast_outside is not None:
+        outside = {"exclude": [[selector] for selector in axe_contrast_outside]}
         violations += axe.run(tab, context=outside, options=contrast).response["violations"]
     found = []
     for violation in violations:
@@ -288,12 +293,12 @@ def _axe_violations(tab, contrast_by_colour: tuple[str, ...] = CONTRAST_BY_COLOU
     return found
 
 
-def axe_problems(tab, contrast_by_colour: tuple[str, ...] = CONTRAST_BY_COLOUR) -> list[str]:
+def axe_problems(tab, axe_contrast_outside: tuple[str, ...] | None = None) -> list[str]:
     """axe-core's serious or critical violations on the page (theme issues aside), and text of
-    too little contrast where it is checked by colour (``contrast_by_colour``: CSS selectors;
-    ``("body",)``, the whole page, leaves axe's color-contrast rule out), as lines."""
-    lines = [f"colour contrast: {problem}" for problem in _colour_problems(tab, contrast_by_colour)]
-    for v in _axe_violations(tab, contrast_by_colour):
+    too little contrast found by colour, as lines. ``axe_contrast_outside`` (CSS selectors) runs
+    axe's color-contrast rule as well, on the page outside those elements."""
+    lines = [f"colour contrast: {problem}" for problem in _colour_problems(tab)]
+    for v in _axe_violations(tab, axe_contrast_outside):
         lines.append(f"axe-core: {v['id']} ({v['impact']}, {len(v['nodes'])}x): {v['help']}")
         for node in v["nodes"][:3]:
             lines.append(f"    {', '.join(node['target'])}: {node['html'][:160]}")

@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 from book_server import PAGES, ROOT, colab_url, page_weight, toc_pages
 from browser import (
-    CONTRAST_BY_COLOUR,
-    CONTRAST_BY_COLOUR_ONLY,
+    AXE_CONTRAST_PAGES,
     FULL_SCREENSHOTS,
     SCREENSHOTS,
     WAIT_FOR_MATHJAX,
+    _colour_problems,
     axe_problems,
 )
 
@@ -216,7 +216,7 @@ def test_page(page, visit):
     problems += [f"failed request: {failed}" for failed in dict.fromkeys(visit.failed)]
     problems += [f"JavaScript: {error}" for error in dict.fromkeys(visit.js_errors)]
     # Accessibility in the same visit (loading and typesetting a page is the slow part).
-    problems += axe_problems(tab, CONTRAST_BY_COLOUR_ONLY.get(page.file, CONTRAST_BY_COLOUR))
+    problems += axe_problems(tab, AXE_CONTRAST_PAGES.get(page.file))
     if problems:
         if not FULL_SCREENSHOTS:  # the whole page, to see what went wrong
             tab.screenshot(path=str(shot), full_page=True)
@@ -226,6 +226,42 @@ def test_page(page, visit):
 # ---- explorers ch1/2/3/5
 # Each explorer of chapters 1, 2, 3 and 5 is driven with the keyboard (or by filling a field),
 # must redraw, and must show the numbers of its Python reference in mhbook.viz.explorers.
+
+
+# Text contrast is checked by colour on every page (tests/browser.py): planted text of too
+# little contrast, by colour, size, a translucent background and opacity, must be found by the
+# colour check exactly where axe-core's color-contrast rule finds it.
+CONTRAST_SAMPLES = """
+<main lang="en" style="background: white; font-family: sans-serif">
+  <p id="grey-small" style="color: #999999; font-size: 14px">2.8 : 1, small</p>
+  <p id="grey-enough" style="color: #767676; font-size: 14px">4.5 : 1, small</p>
+  <p id="grey-large" style="color: #949494; font-size: 24px">3.0 : 1, large</p>
+  <p id="grey-large-small" style="color: #949494; font-size: 14px">3.0 : 1, small</p>
+  <div style="background: rgba(0, 0, 0, 0.5)">
+    <p id="white-on-half-black" style="color: white; font-size: 14px">3.9 : 1</p>
+  </div>
+  <p id="faded" style="color: black; opacity: 0.3; font-size: 14px">black at 30 %</p>
+  <p id="dark" style="color: #222222; font-size: 14px">15.9 : 1</p>
+</main>
+"""
+
+
+def test_colour_check_agrees_with_axe(browser):
+    from axe_playwright_python.sync_playwright import Axe
+
+    tab = browser.new_page()
+    tab.set_content(CONTRAST_SAMPLES)
+    by_colour = {
+        re.search(r'id="([\w-]+)"', line).group(1) if 'id="' in line else line
+        for line in _colour_problems(tab, ("p",))
+    }
+    options = {"runOnly": {"type": "rule", "values": ["color-contrast"]}}
+    found = Axe().run(tab, options=options).response["violations"]
+    by_axe = {node["target"][0].lstrip("#") for v in found for node in v["nodes"]}
+    tab.close()
+    want = {"grey-small", "grey-large-small", "white-on-half-black", "faded"}
+    assert by_axe == want, by_axe
+    assert by_colour == want, by_colour
 
 
 def test_no_page_is_over_5_mb(build):

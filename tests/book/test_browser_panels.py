@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from book_server import PAGES, page_weight
-from browser import SCREENSHOTS, WAIT_FOR_MATHJAX, axe_problems
+from browser import CODE_REGIONS, SCREENSHOTS, WAIT_FOR_MATHJAX, axe_problems
 
 pytestmark = pytest.mark.slow(seconds=230)  # waits for the book's build, then drives its panels
 
@@ -568,7 +568,7 @@ def test_quizzes_and_the_review(visit, tmp_path):
     assert sorted(shown()) == sorted(wrong_first)
     review.evaluate(WAIT_FOR_MATHJAX)
     assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
-    problems = axe_problems(review)
+    problems = axe_problems(review, CODE_REGIONS)
     assert not problems, problems
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 from book_server import serve
-from browser import SCREENSHOTS, Visit, axe_problems
+from browser import CODE_REGIONS, SCREENSHOTS, Visit, axe_problems
 
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_model
 from mhbook.viz.attention_records import passage_attention
@@ -222,7 +222,7 @@ def _drive(visit, lm, chars):
     panel.screenshot(path=str(SCREENSHOTS / "live-lm.png"))
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
     assert not visit.failed and not visit.external, (visit.failed, visit.external)
-    problems = axe_problems(tab)
+    problems = axe_problems(tab, CODE_REGIONS)
     assert not problems, "\n".join(problems)
 
 
@@ -332,5 +332,5 @@ def _drive_step(visit, lm, chars):
     step.screenshot(path=str(SCREENSHOTS / "live-lm-step.png"))
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
     assert not visit.failed and not visit.external, (visit.failed, visit.external)
-    problems = axe_problems(tab)
+    problems = axe_problems(tab, CODE_REGIONS)
     assert not problems, "\n".join(problems)

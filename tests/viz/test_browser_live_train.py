@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from book_server import serve
-from browser import SCREENSHOTS, Visit, axe_problems
+from browser import CODE_REGIONS, SCREENSHOTS, Visit, axe_problems
 
 from mhbook.models.lm import DecoderOnlyLM
 from mhbook.training.live_copier import (
@@ -161,5 +161,5 @@ def _drive(tab, visit):
     panel.screenshot(path=str(SCREENSHOTS / "live-train.png"))
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
     assert not visit.failed and not visit.external, (visit.failed, visit.external)
-    problems = axe_problems(tab)
+    problems = axe_problems(tab, CODE_REGIONS)
     assert not problems, "\n".join(problems)

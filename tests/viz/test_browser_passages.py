@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from browser import SCREENSHOTS, Visit, axe_problems
+from browser import CODE_REGIONS, SCREENSHOTS, Visit, axe_problems
 
 import mhbook
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL
@@ -185,7 +185,7 @@ def test_passage_explorer_in_a_browser(chromium, shown, tmp_path):
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         root.screenshot(path=str(SCREENSHOTS / "passages.png"))
         assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
-        problems = axe_problems(tab)
+        problems = axe_problems(tab, CODE_REGIONS)
         assert not problems, "\n".join(problems)
     finally:
         visit.close()
