@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,6 +39,20 @@ def slow_seconds(item) -> float:
 def pytest_collection_modifyitems(config, items) -> None:
     """Put the files marked ``slow`` first, longest first (a stable sort)."""
     items.sort(key=slow_seconds, reverse=True)
+
+
+def pytest_sessionstart(session) -> None:
+    session.config._mhbook_started = time.time()
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """The editions' statistics, where tests/book/test_editions.py wrote them in this run (on
+    whichever worker: the summary is the controller's)."""
+    stats = Path(__file__).resolve().parents[1] / "_build" / "editions-stats.txt"
+    started = getattr(config, "_mhbook_started", None)
+    if started is not None and stats.is_file() and stats.stat().st_mtime >= started:
+        terminalreporter.section("editions: translated, fuzzy and empty messages")
+        terminalreporter.write(stats.read_text(encoding="utf8"))
 
 
 # float32 keeps about 7 digits; the two sides sum in different orders (fused kernels,

@@ -1,0 +1,70 @@
+"""The Portuguese and Chinese editions, in a real browser: one page per part in each.
+
+Both editions are built (``_ext/editions.py``, from the committed outputs, as the English build
+of tests/book/conftest.py is, with ``-W -n``) into the English build's HTML folder, ``pt-BR/``
+and ``zh-CN/``. On each page: ``<html lang>`` is the edition's, the language switcher leads to
+the same page in English and back, the page says which English commit it follows, no console
+error, no failed request, nothing leaves 127.0.0.1, and axe-core finds nothing serious.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import sys
+from pathlib import Path
+
+import pytest
+from book_server import PAGES, ROOT
+from browser import axe_problems
+
+sys.path.insert(0, str(ROOT / "_ext"))
+import editions  # noqa: E402
+
+pytestmark = pytest.mark.slow(seconds=150)
+
+# One page per part, the book's front page and the review page.
+SAMPLE = ["intro"] + [
+    page.file
+    for page in PAGES
+    if Path(page.file).name[:2] in ("01", "05", "09", "13", "14") or page.file == "review"
+]
+
+
+@pytest.fixture(scope="module")
+def built(build, testrun_uid):
+    """Both editions, built once per run beside the English book."""
+    done = build.html_dir.parent / "editions.built"
+    with open(build.html_dir.parent / "editions.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.is_file() and done.read_text() == testrun_uid:
+            return build
+        for language in editions.EDITIONS:
+            proc = editions.build_edition(language, build.html_dir, execute="off")
+            assert proc.returncode == 0, f"the {language} edition:\n{proc.stdout[-4000:]}"
+        done.write_text(testrun_uid)
+    return build
+
+
+@pytest.mark.parametrize("language", list(editions.EDITIONS))
+@pytest.mark.parametrize("page", SAMPLE)
+def test_edition_page(built, visit, language, page):
+    folder, name = editions.EDITIONS[language]
+    tab = visit.open(f"{folder}/{page}.html")
+    assert tab.evaluate("() => document.documentElement.lang") == folder
+    switcher = tab.locator("nav.mhbook-languages")
+    assert switcher.count() == 1
+    assert switcher.locator("[aria-current=page]").text_content() == name
+    assert "commit" in switcher.text_content() or "提交" in switcher.text_content()
+    problems = axe_problems(tab)
+    # The switcher both ways: to the same page in English, and back.
+    switcher.get_by_text("English").click()
+    tab.wait_for_load_state("load")
+    assert tab.url.endswith(f"/{page}.html") and f"/{folder}/" not in tab.url, tab.url
+    assert tab.evaluate("() => document.documentElement.lang") == "en"
+    tab.locator("nav.mhbook-languages").get_by_text(name).click()
+    tab.wait_for_load_state("load")
+    assert tab.url.endswith(f"/{folder}/{page}.html"), tab.url
+    assert not visit.external, visit.external
+    assert not visit.failed, visit.failed
+    assert not visit.js_errors, visit.js_errors
+    assert not problems, problems
