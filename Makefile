@@ -1,12 +1,13 @@
 # Two entry points, both safe on a fresh machine:
-#   make book   set up .venv and build the HTML book into _build/html (executes the chapters)
+#   make book   set up .venv and build the HTML book into _build/html (executes the chapters),
+#               then its Portuguese and Chinese editions into _build/html/pt-BR and zh-CN
 #   make test   set up .venv and run every test: ruff, pytest, nbval on every chapter,
 #               and the browser test of the built book (.ci/run runs exactly this)
 #   make quick  ruff and the tests not marked slow, in under 90 s on 2 cores
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup chromium book test quick bench notebooks
+.PHONY: setup chromium book test quick bench notebooks translations
 
 setup: $(VENV)/.installed
 
@@ -33,8 +34,16 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
+# The editions reuse the English build's Jupyter cache: nothing is executed again.
 book: setup
 	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(BIN)/python _ext/editions.py build _build/html
+
+# After changing the English text: extract its messages and bring every edition's .po files up
+# to them (new messages empty, changed ones fuzzy), then print what is left to translate
+# (locales/README.md). make test fails while any message is empty or fuzzy.
+translations: setup
+	$(BIN)/python _ext/editions.py update
 
 # Three pytest-xdist workers on two cores, a whole file (a chapter's kernel) on each: the
 # browser test's worker mostly waits for Chromium, the other two run chapters, whose training

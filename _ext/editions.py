@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import re
 import shutil
@@ -249,8 +250,8 @@ def glossary() -> list[dict[str, str]]:
 def prose(text: str) -> str:
     """A message without what is not prose: roles, code, math, links' targets, addresses (of a
     display equation, only the words of its ``\\text{...}``)."""
-    if text.startswith("\n"):
-        return " ".join(re.findall(r"\\text\{([^}]*)\}", text))
+    if text.startswith("\n"):  # an equation's \text{...} may name an operator: not checked
+        return ""
     text = MATH.sub(" ", CODE.sub(" ", ROLE.sub(" ", text)))
     return re.sub(r"<[^>\s]+>", " ", LINK.sub(" ", text))
 
@@ -289,6 +290,23 @@ def glossary_problems(path: Path, language: str) -> list[str]:
     return problems
 
 
+def different_renderings(language: str, longest: int = 80) -> list[str]:
+    """The short English messages (headings, admonition titles, labels: at most ``longest``
+    characters) that ``language``'s edition translates in more than one way."""
+    seen: dict[str, dict[str, list[str]]] = {}
+    for path in sorted((LOCALES / language / "LC_MESSAGES").rglob("*.po")):
+        for m in catalogue(path):
+            if m.id and m.string and not m.fuzzy and len(m.id) <= longest and has_prose(m.id):
+                page = path.relative_to(LOCALES / language / "LC_MESSAGES").with_suffix("")
+                seen.setdefault(m.id, {}).setdefault(m.string, []).append(page.as_posix())
+    return [
+        f"{language}: {english!r} is translated {len(ways)} ways: "
+        + "; ".join(f"{text!r} ({', '.join(pages[:3])})" for text, pages in ways.items())
+        for english, ways in seen.items()
+        if len(ways) > 1
+    ]
+
+
 def todo(path: Path) -> list[dict]:
     """The messages of one ``.po`` file still to translate (empty or fuzzy), numbered."""
     return [
@@ -313,6 +331,68 @@ def fill(path: Path, translations: dict) -> list[str]:
         write_po(handle, po, width=-1)
     language = path.relative_to(LOCALES).parts[0]
     return lint(path) + glossary_problems(path, language)
+
+
+STRINGS = LOCALES / "strings"
+
+
+@functools.cache
+def strings(language: str) -> dict[str, str]:
+    """The edition's table of the strings that code writes (the reader and practice copies'
+    notes, the page's JavaScript): ``locales/strings/<language>.json``, English to translation."""
+    path = STRINGS / f"{language}.json"
+    return json.loads(path.read_text(encoding="utf8")) if path.is_file() else {}
+
+
+def translate(text: str, language: str | None = None) -> str:
+    """``text`` in ``language``'s edition (None: English), from :func:`strings`; the English
+    where the table has no translation yet (tests/book/test_editions.py fails then)."""
+    return text if language is None else strings(language).get(text) or text
+
+
+def _pattern(msgid: str) -> re.Pattern:
+    """``msgid`` as it stands in a Markdown cell: the same words, any run of white space."""
+    return re.compile(r"\s+".join(re.escape(word) for word in msgid.split()))
+
+
+def translate_markdown(sources: list[str], language: str, page: str) -> tuple[list[str], list]:
+    """The Markdown cells ``sources`` of ``page`` with each message replaced by its translation
+    in ``language``, and the messages with words that were not found in them (they come from
+    the outputs or from what a directive writes). The messages follow the page's order, so
+    each is looked for after the one before it."""
+    path = po_path(language, page)
+    pairs = [(m.id, m.string) for m in catalogue(path) if m.id and m.string and not m.fuzzy]
+    out, cell, at, unmatched = list(sources), 0, 0, []
+    for msgid, text in pairs:
+        if text == msgid:
+            continue
+        pattern = _pattern(msgid)
+        for index in range(cell, len(out)):
+            found = pattern.search(out[index], at if index == cell else 0)
+            if found:
+                out[index] = out[index][: found.start()] + text + out[index][found.end() :]
+                cell, at = index, found.start() + len(text)
+                break
+        else:
+            unmatched.append(msgid)
+    return out, unmatched
+
+
+def translated_notebook(path: Path, language: str):
+    """The chapter notebook at ``path`` with its Markdown cells in ``language``; code cells,
+    outputs and metadata are the English ones."""
+    import copy
+
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    page = path.relative_to(ROOT).with_suffix("").as_posix()
+    markdown = [cell for cell in notebook.cells if cell.cell_type == "markdown"]
+    texts, _ = translate_markdown([cell.source for cell in markdown], language, page)
+    notebook = copy.deepcopy(notebook)
+    for cell, text in zip([c for c in notebook.cells if c.cell_type == "markdown"], texts):
+        cell.source = text
+    return notebook
 
 
 def update(pot_dir: Path) -> None:

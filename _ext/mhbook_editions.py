@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import html
+import json
 import subprocess
 from pathlib import Path
 
@@ -92,7 +93,65 @@ def _switcher(app: Sphinx, pagename, templatename, context, doctree) -> None:
     context["metatags"] = context.get("metatags", "") + alternates
 
 
+_PAGE: list = []  # the environment while Sphinx's Locale transform translates a page
+
+
+def _translations_see_their_page() -> None:
+    """Sphinx parses each translated message as a small document of its own (its Locale
+    transform). Two things of the page are then out of its sight, and are given back here:
+
+    * the page's glue data: myst-nb's ``{glue:text}`` roles look it up in the document being
+      parsed, which holds no notebook, so a glued number in a translation is read from what
+      myst-nb saved when it parsed the page (``retrieve_glue_data``, which the roles call);
+    * the page's MyST heading slugs (``env.metadata[page]["myst_slugs"]``), which parsing a
+      message replaces: links to the page's sections from other pages would break.
+    """
+    from myst_nb.ext.glue import directives, roles, utils
+    from sphinx.transforms import i18n
+
+    if getattr(i18n.Locale.apply, "mhbook", False):
+        return
+    locale_apply, retrieve = i18n.Locale.apply, utils.retrieve_glue_data
+
+    def apply(self, **kwargs):
+        metadata = self.env.metadata[self.env.docname]
+        slugs = metadata.get("myst_slugs")
+        _PAGE.append(self.env)
+        try:
+            return locale_apply(self, **kwargs)
+        finally:
+            _PAGE.pop()
+            if slugs is not None:
+                self.env.metadata[self.env.docname]["myst_slugs"] = slugs
+
+    def retrieve_glue_data(document, key):
+        try:
+            return retrieve(document, key)
+        except utils.RetrievalError:
+            if not _PAGE:
+                raise
+            env = _PAGE[-1]
+            # what myst-nb wrote when it parsed the page (sphinx_.py: "<page>.glue.json")
+            path = Path(env.app.outdir).parent / "jupyter_execute" / f"{env.docname}.glue.json"
+            glued = json.loads(path.read_text(encoding="utf8")) if path.is_file() else {}
+            if key not in glued:
+                raise
+            return utils.VariableOutput(
+                data=glued[key]["data"],
+                metadata=glued[key].get("metadata", {}),
+                nb_renderer=None,
+                vtype="glue",
+            )
+
+    apply.mhbook = True
+    i18n.Locale.apply = apply
+    for module in (utils, roles, directives):
+        if hasattr(module, "retrieve_glue_data"):
+            module.retrieve_glue_data = retrieve_glue_data
+
+
 def setup(app: Sphinx) -> dict:
+    _translations_see_their_page()
     app.connect("html-page-context", _switcher)
     app.add_css_file("mhbook-editions.css")
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

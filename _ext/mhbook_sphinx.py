@@ -62,10 +62,12 @@ from pathlib import Path
 import jupyter_server_mathjax
 from docutils import nodes
 from docutils.statemachine import StringList
+from editions import translate  # siblings in _ext/, on the path
+from mhbook_editions import EDITIONS
 from pybtex.plugin import register_plugin
 from pybtex.style.formatting.unsrt import Style as UnsrtStyle
 from pybtex.style.labels import BaseLabelStyle
-from reader_notebooks import ROOT, authors, repository  # a sibling in _ext/, on the path
+from reader_notebooks import ROOT, authors, repository
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.util.docutils import SphinxDirective
@@ -177,13 +179,25 @@ def _source_role(name, rawtext, text, lineno, inliner, options=None, content=Non
 READER_COPIES = ROOT / "notebooks"
 PRACTICE_COPIES = ROOT / "practice"
 PRACTICE_TEXT = "Practice in Colab"
+PRACTICE_TIP = "Practice in Colab: write the chapter's code yourself, checked cell by cell"
+PRACTICE_DOWNLOAD_TIP = "Download the practice notebook (stubs to fill in, with checks)"
+
+
+def _edition(app: Sphinx) -> str:
+    """The folder of the edition being built under ``notebooks/`` and ``practice/``:
+    ``""`` for English, ``"pt-BR/"``..."""
+    folder = EDITIONS.get(app.config.language, ("", ""))[0]
+    return f"{folder}/" if folder else ""
 
 
 def _colab_opens_reader_copy(app: Sphinx, pagename, templatename, context, doctree) -> None:
     """Point a chapter's Colab button at ``notebooks/<chapter>.ipynb``, add a "Practice in Colab"
     button beside it that opens ``practice/<chapter>.ipynb``, and a "practice .ipynb" download
-    (runs after the theme has made its buttons)."""
-    name = pagename.rpartition("/")[2]
+    (runs after the theme has made its buttons). An edition's page opens the edition's copies,
+    ``notebooks/pt-BR/<chapter>.ipynb``..."""
+    base = pagename.rpartition("/")[2]
+    name = f"{_edition(app)}{base}"
+    language = app.config.language if app.config.language in EDITIONS else None
     if not pagename.startswith("chapters/") or not (READER_COPIES / f"{name}.ipynb").is_file():
         return
     practice = (PRACTICE_COPIES / f"{name}.ipynb").is_file()
@@ -195,14 +209,14 @@ def _colab_opens_reader_copy(app: Sphinx, pagename, templatename, context, doctr
                     continue
                 url = button["url"]
                 button["url"] = url.replace(f"/{pagename}.ipynb", f"/notebooks/{name}.ipynb")
-                if practice and not any(b.get("text") == PRACTICE_TEXT for b in buttons):
+                text = translate(PRACTICE_TEXT, language)
+                if practice and not any(b.get("text") == text for b in buttons):
                     buttons.insert(
                         at + 1,
                         {
                             **button,
-                            "text": PRACTICE_TEXT,
-                            "tooltip": "Practice in Colab: write the chapter's code yourself, "
-                            "checked cell by cell",
+                            "text": text,
+                            "tooltip": translate(PRACTICE_TIP, language),
                             "url": url.replace(f"/{pagename}.ipynb", f"/practice/{name}.ipynb"),
                         },
                     )
@@ -214,9 +228,9 @@ def _colab_opens_reader_copy(app: Sphinx, pagename, templatename, context, doctr
                 1,
                 {
                     "type": "link",
-                    "url": f"{context['pathto']('_sources', 1)}/practice/{name}.ipynb",
+                    "url": f"{context['pathto']('_sources', 1)}/practice/{base}.ipynb",
                     "text": "practice .ipynb",
-                    "tooltip": "Download the practice notebook (stubs to fill in, with checks)",
+                    "tooltip": translate(PRACTICE_DOWNLOAD_TIP, language),
                     "icon": "fas fa-pen",
                     "label": "download-practice-button",
                 },
@@ -236,11 +250,11 @@ def _download_reader_copies(app: Sphinx, exception) -> None:
     its practice copy is served beside it, in ``_sources/practice/``."""
     if exception is None and app.builder.format == "html":
         sources = Path(app.outdir) / "_sources" / "chapters"
-        for copy in READER_COPIES.glob("*.ipynb"):
+        for copy in (READER_COPIES / _edition(app)).glob("*.ipynb"):
             if (sources / copy.name).is_file():
                 shutil.copyfile(copy, sources / copy.name)
         practice = Path(app.outdir) / "_sources" / "practice"
-        for copy in PRACTICE_COPIES.glob("*.ipynb"):
+        for copy in (PRACTICE_COPIES / _edition(app)).glob("*.ipynb"):
             if (sources / copy.name).is_file():
                 practice.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(copy, practice / copy.name)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import io
 import re
 import sys
@@ -48,6 +49,7 @@ import nbformat
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+import editions  # noqa: E402
 import reader_notebooks  # noqa: E402  (the sibling script, whether run or imported)
 
 ROOT = HERE.parent
@@ -72,6 +74,7 @@ NOTE_TODO = (
     "are filled in. The worked solutions are in the book's page of this chapter (and in its "
     "[reader copy]({reader}))."
 )
+NOTE_LISTED = "> In this chapter: {listed}."
 NOTE_NONE = (
     "> This chapter has no build-it cell checked yet: the cells below are the chapter's own. "
     "Try the exercises at the end of the chapter first, then open their hints and solutions "
@@ -231,23 +234,28 @@ def split_cell(
     return Split("".join(head).rstrip(), check, "".join(rest).rstrip())
 
 
-def note(path: Path, stubs: list[tuple[str, str]]) -> str:
-    """The note under the title of ``path``'s practice copy."""
+def note(path: Path, stubs: list[tuple[str, str]], language: str | None = None) -> str:
+    """The note under the title of ``path``'s practice copy (in ``language``'s edition)."""
     url, branch = reader_notebooks.repository()
-    parts = [NOTE_HEAD]
+    folder = reader_notebooks.folders(Path("notebooks"))[language].as_posix()
+    t = functools.partial(editions.translate, language=language)
+    parts = [t(NOTE_HEAD)]
     if stubs:
         listed = ", ".join(f"`{name}` (`check.{check}`)" for name, check in stubs)
-        parts.append(f"> In this chapter: {listed}.")
-        parts.append(NOTE_TODO.format(reader=f"{url}/blob/{branch}/notebooks/{path.name}"))
+        parts.append(t(NOTE_LISTED).format(listed=listed))
+        parts.append(t(NOTE_TODO).format(reader=f"{url}/blob/{branch}/{folder}/{path.name}"))
     else:
-        parts.append(NOTE_NONE)
-    parts.append(NOTE_NUMBERS)
+        parts.append(t(NOTE_NONE))
+    parts.append(t(NOTE_NUMBERS))
     return "\n>\n".join(parts)
 
 
-def practice_copy(path: Path, *, contract: Callable[[str], str] = contract_line):
-    """The practice copy of the chapter at ``path`` (made from its reader copy)."""
-    reader = reader_notebooks.reader_copy(path)
+def practice_copy(
+    path: Path, *, contract: Callable[[str], str] = contract_line, language: str | None = None
+):
+    """The practice copy of the chapter at ``path`` (made from its reader copy), in
+    ``language``'s edition (None: English)."""
+    reader = reader_notebooks.reader_copy(path, language)
     out = nbformat.v4.new_notebook(metadata=dict(reader.metadata))
     stubs = []
     for index, cell in enumerate(reader.cells):
@@ -278,16 +286,18 @@ def practice_copy(path: Path, *, contract: Callable[[str], str] = contract_line)
             out.cells.append(rest)
     first = reader.cells[0] if reader.cells else None
     at = 1 if first is not None and first.cell_type == "markdown" else 0
-    new = nbformat.v4.new_markdown_cell(note(path, stubs))
+    new = nbformat.v4.new_markdown_cell(note(path, stubs, language))
     new.id = NOTE_ID
     out.cells.insert(at, new)
     return out
 
 
-def expected() -> dict[str, str]:
-    """``file name -> text`` of every practice copy, from the committed chapters."""
+def expected(language: str | None = None) -> dict[str, str]:
+    """``file name -> text`` of every practice copy (in ``language``'s edition), from the
+    committed chapters."""
     return {
-        p.name: reader_notebooks.render(practice_copy(p)) for p in sorted(CHAPTERS.glob("*.ipynb"))
+        p.name: reader_notebooks.render(practice_copy(p, language=language))
+        for p in sorted(CHAPTERS.glob("*.ipynb"))
     }
 
 
@@ -297,9 +307,11 @@ def main(argv=None) -> int:
         "--check", action="store_true", help="only say whether practice/ is current"
     )
     args = parser.parse_args(argv)
-    return reader_notebooks.sync(
-        PRACTICE, expected(), check=args.check, script="_ext/practice_notebooks.py"
-    )
+    status = 0
+    for language, folder in reader_notebooks.folders(PRACTICE).items():
+        script = "_ext/practice_notebooks.py"
+        status |= reader_notebooks.sync(folder, expected(language), check=args.check, script=script)
+    return status
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ from pybtex.richtext import Text
 
 from mhbook.viz.explorers.quiz import parse_quiz, resolve_answer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import editions  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ROOT / "chapters"
 NOTEBOOKS = ROOT / "notebooks"
@@ -235,9 +238,13 @@ def new_markdown(text: str):
     return nbformat.v4.new_markdown_cell(text)
 
 
-def reader_copy(path: Path):
-    """The reader's copy of the chapter at ``path``: a new notebook, outputs left out."""
-    notebook = nbformat.read(path, as_version=4)
+def reader_copy(path: Path, language: str | None = None):
+    """The reader's copy of the chapter at ``path``: a new notebook, outputs left out; with
+    ``language`` (``pt_BR``, ``zh_CN``), its prose in that edition (``_ext/editions.py``)."""
+    if language is None:
+        notebook = nbformat.read(path, as_version=4)
+    else:
+        notebook = editions.translated_notebook(path, language)
     values, cites = glued_values(notebook), citations()
     out = nbformat.v4.new_notebook(metadata={"kernelspec": notebook.metadata["kernelspec"]})
     for index, cell in enumerate(notebook.cells):
@@ -258,7 +265,7 @@ def reader_copy(path: Path):
         new.id = cell.get("id", new.id)
         out.cells += [new, *more]
         if index == 0 and cell.cell_type == "markdown":
-            note = nbformat.v4.new_markdown_cell(NOTE)
+            note = nbformat.v4.new_markdown_cell(editions.translate(NOTE, language))
             note.id = "reader-copy-note"
             out.cells.append(note)
     return out
@@ -268,9 +275,17 @@ def render(notebook) -> str:
     return nbformat.writes(notebook) + "\n"
 
 
-def expected() -> dict[str, str]:
-    """``file name -> text`` of every reader copy, from the committed chapters."""
-    return {p.name: render(reader_copy(p)) for p in sorted(CHAPTERS.glob("*.ipynb"))}
+def expected(language: str | None = None) -> dict[str, str]:
+    """``file name -> text`` of every reader copy (in ``language``'s edition), from the
+    committed chapters."""
+    return {p.name: render(reader_copy(p, language)) for p in sorted(CHAPTERS.glob("*.ipynb"))}
+
+
+def folders(root: Path) -> dict[str | None, Path]:
+    """{language (None: English): the folder of its copies}: ``root``, ``root/pt-BR``..."""
+    return {None: root} | {
+        language: root / folder for language, (folder, _) in editions.EDITIONS.items()
+    }
 
 
 def sync(folder: Path, want: dict[str, str], *, check: bool, script: str) -> int:
@@ -299,7 +314,11 @@ def main(argv=None) -> int:
         "--check", action="store_true", help="only say whether notebooks/ is current"
     )
     args = parser.parse_args(argv)
-    return sync(NOTEBOOKS, expected(), check=args.check, script="_ext/reader_notebooks.py")
+    status = 0
+    for language, folder in folders(NOTEBOOKS).items():
+        script = "_ext/reader_notebooks.py"
+        status |= sync(folder, expected(language), check=args.check, script=script)
+    return status
 
 
 if __name__ == "__main__":

@@ -57,6 +57,10 @@ PAGE_FACTS = """
   const outputs = Array.from(document.querySelectorAll(".cell_output, .output"));
   return {
     title: document.title,
+    lang: document.documentElement.lang,
+    // the language switcher's entries: [text, href or null for the page itself]
+    languages: Array.from(document.querySelectorAll("nav.mhbook-languages li"))
+      .map((li) => [li.textContent.trim(), li.querySelector("a")?.getAttribute("href") ?? null]),
     // without the headerlink (# or ¶) and the chapter number that multitoc numbering adds
     h1: h1 ? h1.innerText.replace(/[#\\u00b6]\\s*$/, "").trim()
       .replace(/^(\\d+\\.)+\\d*\\s+/, "") : null,
@@ -182,6 +186,16 @@ def test_page(page, visit):
     title_words = _words(facts["h1"] or expected or "")
     if not facts["title"] or (title_words and title_words not in _words(facts["title"])):
         problems.append(f"<title> {facts['title']!r} does not hold the page title")
+    if facts["lang"] != "en":
+        problems.append(f"<html lang> is {facts['lang']!r}, not 'en'")
+    up = "../" * page.file.count("/")
+    switcher = [
+        ["English", None],
+        ["Português", f"{up}pt-BR/{page.file}.html"],
+        ["中文", f"{up}zh-CN/{page.file}.html"],
+    ]
+    if facts["languages"] != switcher:
+        problems.append(f"the language switcher is {facts['languages']}, not {switcher}")
     if facts["tracebacks"]:
         problems.append(f"tracebacks in outputs: {facts['tracebacks']}")
     if mathjax not in ("none", "v2", "v3"):

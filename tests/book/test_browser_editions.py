@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from book_server import PAGES, ROOT
+from book_server import PAGES, ROOT, colab_url
 from browser import axe_problems
 
 sys.path.insert(0, str(ROOT / "_ext"))
@@ -55,6 +55,17 @@ def test_edition_page(built, visit, language, page):
     assert switcher.count() == 1
     assert switcher.locator("[aria-current=page]").text_content() == name
     assert "commit" in switcher.text_content() or "提交" in switcher.text_content()
+    if page.startswith("chapters/"):  # Colab opens the edition's reader and practice copies
+        colab = tab.evaluate(
+            "() => Array.from(document.querySelectorAll(\"a[href*='colab.research']\"),"
+            " (a) => a.href)"
+        )
+        name = Path(page).name
+        want = colab_url(next(p for p in PAGES if p.file == page))
+        want = want.replace(f"/notebooks/{name}", f"/notebooks/{folder}/{name}")
+        assert want in colab, colab
+        assert want.replace("/notebooks/", "/practice/") in colab, colab
+        assert (ROOT / "notebooks" / folder / f"{name}.ipynb").is_file()
     problems = axe_problems(tab)
     # The switcher both ways: to the same page in English, and back.
     switcher.get_by_text("English").click()

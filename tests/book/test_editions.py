@@ -45,6 +45,12 @@ def test_each_term_is_rendered_one_way(language):
     assert not problems, f"{len(problems)} glossary problems:\n" + "\n".join(problems[:60])
 
 
+@pytest.mark.parametrize("language", list(editions.EDITIONS))
+def test_the_same_heading_is_translated_the_same_way(language):
+    problems = editions.different_renderings(language)
+    assert not problems, "\n".join(problems[:40])
+
+
 def test_translations_keep_roles_code_math_and_links():
     problems = editions.lint_all()
     assert not problems, f"{len(problems)} messages lost something:\n" + "\n".join(problems[:60])

@@ -129,15 +129,36 @@ def _cell(notebook, cell_id: str):
 # --------------------------------------------------------------------------- the copies
 
 
-def test_every_chapter_has_a_current_practice_copy():
-    """``practice/`` is exactly what the script makes from the committed chapters."""
-    want = practice_notebooks.expected()
-    have = {p.name: p.read_text() for p in (ROOT / "practice").glob("*.ipynb")}
+LANGUAGES = [None, *practice_notebooks.editions.EDITIONS]
+
+
+@pytest.mark.parametrize("language", LANGUAGES, ids=[str(lang or "en") for lang in LANGUAGES])
+def test_every_chapter_has_a_current_practice_copy(language):
+    """``practice/`` (and ``practice/pt-BR/``, ``practice/zh-CN/``) is exactly what the script
+    makes from the committed chapters (and the editions' messages); an edition's copy has the
+    English copy's code cells."""
+    folder = practice_notebooks.reader_notebooks.folders(ROOT / "practice")[language]
+    want = practice_notebooks.expected(language)
+    have = {p.name: p.read_text() for p in folder.glob("*.ipynb")}
     assert sorted(want) == sorted(have) == [p.name for p in CHAPTERS], (
-        "practice/ does not hold one copy per chapter (run `make notebooks`)"
+        f"{folder} does not hold one copy per chapter (run `make notebooks`)"
     )
     stale = [name for name in want if want[name] != have[name]]
-    assert not stale, f"stale practice copies (run `make notebooks`): {stale}"
+    assert not stale, f"stale practice copies in {folder} (run `make notebooks`): {stale}"
+    if language is not None:
+        for name in want:
+            english = nbformat.reads((ROOT / "practice" / name).read_text(), as_version=4)
+            edition = nbformat.reads(have[name], as_version=4)
+            quiz = practice_notebooks.reader_notebooks.QUIZ_CELL.splitlines()[0]
+
+            def code(notebook, quiz=quiz):  # the quiz's cell holds prose: its questions
+                return [
+                    (c.id, c.source)
+                    for c in notebook.cells
+                    if c.cell_type == "code" and not c.source.startswith(quiz)
+                ]
+
+            assert code(edition) == code(english), name
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[p.stem[:2] for p in CHAPTERS])

@@ -28,13 +28,32 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 GLUE = re.compile(r"\{glue:text\}`([^`]+)`")
 
 
-def test_every_chapter_has_a_current_reader_copy():
-    """``notebooks/`` is exactly what the script makes from the committed chapters."""
-    want = reader_notebooks.expected()
-    have = {p.name: p.read_text() for p in (ROOT / "notebooks").glob("*.ipynb")}
+LANGUAGES = list(reader_notebooks.folders(ROOT / "notebooks"))
+QUIZ_TITLE = reader_notebooks.QUIZ_CELL.splitlines()[0]
+
+
+@pytest.mark.parametrize("language", LANGUAGES, ids=[str(lang or "en") for lang in LANGUAGES])
+def test_every_chapter_has_a_current_reader_copy(language):
+    """``notebooks/`` (and ``notebooks/pt-BR/``, ``notebooks/zh-CN/``: the editions' copies) is
+    exactly what the script makes from the committed chapters (and the editions' messages); an
+    edition's copy has the English copy's code cells, tags and ids, only its prose differs."""
+    folder = reader_notebooks.folders(ROOT / "notebooks")[language]
+    want = reader_notebooks.expected(language)
+    have = {p.name: p.read_text() for p in folder.glob("*.ipynb")}
     assert sorted(want) == sorted(have) == [p.name for p in CHAPTERS]
     stale = [name for name in want if want[name] != have[name]]
-    assert not stale, f"stale reader copies (run `make notebooks`): {stale}"
+    assert not stale, f"stale reader copies in {folder} (run `make notebooks`): {stale}"
+    if language is not None:
+        for name in want:
+            english = nbformat.reads((ROOT / "notebooks" / name).read_text(), as_version=4)
+            edition = nbformat.reads(have[name], as_version=4)
+            assert [(c.cell_type, c.id) for c in edition.cells] == [
+                (c.cell_type, c.id) for c in english.cells
+            ], name
+            for mine, theirs in zip(edition.cells, english.cells):
+                quiz = theirs.source.startswith(QUIZ_TITLE)  # its questions are prose
+                if theirs.cell_type == "code" and not quiz:
+                    assert mine.source == theirs.source and mine.metadata == theirs.metadata
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[p.stem[:2] for p in CHAPTERS])
