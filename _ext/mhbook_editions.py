@@ -150,8 +150,20 @@ def _translations_see_their_page() -> None:
             module.retrieve_glue_data = retrieve_glue_data
 
 
+def _strings_for_the_page(app: Sphinx, config) -> None:
+    """On an edition's pages, its string table (``locales/strings/<lang>.json``) for
+    ``mhbook-i18n.js``, which translates what the panels' scripts write."""
+    path = ROOT / "locales" / "strings" / f"{config.language}.json"
+    if config.language in EDITIONS and path.is_file():
+        table = json.loads(path.read_text(encoding="utf8"))
+        body = "window.mhbookStrings = " + json.dumps(table, ensure_ascii=False) + ";"
+        app.add_js_file(None, body=body, priority=200)
+    app.add_js_file("mhbook-i18n.js", priority=210)
+
+
 def setup(app: Sphinx) -> dict:
     _translations_see_their_page()
+    app.connect("config-inited", _strings_for_the_page)
     app.connect("html-page-context", _switcher)
     app.add_css_file("mhbook-editions.css")
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -145,7 +145,12 @@
     const by = (value) => choices.find((li) => li.dataset.value === value);
     form.addEventListener("submit", (event) => {
       event.preventDefault();
-      const typed = Number(box.value.trim().replace(/[,_\s]/g, ""));
+      // 1,234.5 in English; where the page's edition writes a decimal comma (pt-BR), 1.234,5
+      // (or 1234.5: a number without a comma is read as in English)
+      const text = box.value.trim().replace(/[_\s]/g, "");
+      const comma = window.mhbookDecimalComma && text.includes(",");
+      const plain = comma ? text.replace(/\./g, "").replace(",", ".") : text.replace(/,/g, "");
+      const typed = Number(plain);
       const result = quiz.querySelector(".mhbook-quiz-result");
       if (!box.value.trim() || Number.isNaN(typed)) {
         result.className = "mhbook-quiz-result";
