@@ -7,6 +7,7 @@ translated through Sphinx's gettext (``locales/README.md``).
     python _ext/editions.py check         # exit 1, naming them, while any is empty or fuzzy
     python _ext/editions.py lint [PO]     # translations that lost a role, code, math or link
     python _ext/editions.py todo PO       # the messages of PO left to translate, numbered
+    python _ext/editions.py show PO       # every message of PO and its translation, numbered
     python _ext/editions.py fill PO JSON  # write {n: translation} into PO, then lint it
 
 An edition is built from the same notebooks as the English book, with the English build's
@@ -316,6 +317,15 @@ def todo(path: Path) -> list[dict]:
     ]
 
 
+def show(path: Path) -> list[dict]:
+    """Every message of one ``.po`` file, numbered as :func:`fill` takes them, with its
+    translation: for a reviewer."""
+    return [
+        {"n": n, "en": m.id, "tr": m.string}
+        for n, m in enumerate(m for m in catalogue(path) if m.id)
+    ]
+
+
 def fill(path: Path, translations: dict) -> list[str]:
     """Write ``{n: translation}`` (numbers from :func:`todo`) into one ``.po`` file, fuzzy flags
     cleared; returns what :func:`lint` and :func:`glossary_problems` then find there."""
@@ -428,14 +438,16 @@ def update(pot_dir: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "command", choices=["update", "build", "stats", "check", "lint", "todo", "fill"]
+        "command",
+        choices=["update", "build", "stats", "check", "lint", "todo", "show", "fill"],
     )
     parser.add_argument("html_root", nargs="?", default=str(ROOT / "_build" / "html"))
     parser.add_argument("translations", nargs="?", help="fill: a JSON file {n: translation}")
     parser.add_argument("--execute", default="cache", choices=["cache", "off"])
     args = parser.parse_args(argv)
-    if args.command == "todo":  # html_root: a .po file
-        print(json.dumps(todo(Path(args.html_root).resolve()), ensure_ascii=False, indent=1))
+    if args.command in ("todo", "show"):  # html_root: a .po file
+        listed = (todo if args.command == "todo" else show)(Path(args.html_root).resolve())
+        print(json.dumps(listed, ensure_ascii=False, indent=1))
         return 0
     if args.command == "fill":  # html_root: a .po file
         with open(args.translations, encoding="utf8") as handle:

@@ -15,6 +15,8 @@
   if (!Object.keys(table).length) return;
   const PANELS = ".mhbook-explorer, .mhbook-quiz, .mhbook-review";
   const ATTRIBUTES = ["aria-label", "title", "placeholder"];
+  // Never text in these: code, math, and what a model writes or a reader types (pre).
+  const SKIP = "script, style, code, pre, textarea, .MathJax, .math";
   const exact = new Map();
   const patterns = [];
   const escape = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
@@ -51,6 +53,8 @@
 
   function walk(root) {
     if (root.nodeType === 3) {
+      const parent = root.parentElement;
+      if (parent && parent.closest(SKIP)) return;
       const done = translate(root.nodeValue);
       if (done !== null && done !== root.nodeValue) root.nodeValue = done;
       return;
@@ -58,7 +62,7 @@
     const texts = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
     for (let node = texts.nextNode(); node; node = texts.nextNode()) {
       const parent = node.parentElement;
-      if (parent && parent.closest("script, style, code, pre, .MathJax, .math")) continue;
+      if (parent && parent.closest(SKIP)) continue;
       const done = translate(node.nodeValue);
       if (done !== null && done !== node.nodeValue) node.nodeValue = done;
     }
