@@ -55,6 +55,13 @@ def edition_config(language: str, out_dir: Path, execute: str, root: Path = ROOT
     for name, path in (sphinx.get("local_extensions") or {}).items():
         sphinx["local_extensions"][name] = str((root / path).resolve())
     sphinx.setdefault("config", {})["language"] = language
+    if language in EDITIONS:  # the book's title, as the front page's messages translate it
+        path = po_path(language, "intro")
+        found = {m.id: m.string for m in catalogue(path) if m.id} if path.is_file() else {}
+        config["title"] = found.get(config.get("title")) or config.get("title")
+        for name in ("show", "hide"):  # myst-nb's label of a folded code cell
+            english = f"{name.title()} code cell {{type}}"
+            sphinx["config"][f"nb_code_prompt_{name}"] = translate(english, language)
     sphinx["config"]["locale_dirs"] = [str(root / "locales")]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"_config.{language}.yml"

@@ -150,6 +150,28 @@ def _translations_see_their_page() -> None:
             module.retrieve_glue_data = retrieve_glue_data
 
 
+def _translated_captions(app: Sphinx, doctree) -> None:
+    """The parts' captions of the table of contents in the edition's language.
+
+    sphinx-external-toc inserts the toctrees of ``_toc.yml`` after Sphinx's Locale transform
+    has run, so their captions (in the root page's messages) are translated here."""
+    from sphinx import addnodes
+    from sphinx.locale import init as init_locale
+    from sphinx.util.i18n import docname_to_domain
+
+    if app.config.language not in EDITIONS or app.config.language == "en":
+        return
+    toctrees = [node for node in doctree.findall(addnodes.toctree) if node.get("caption")]
+    if not toctrees:
+        return
+    dirs = [str(Path(app.srcdir) / d) for d in app.config.locale_dirs]
+    domain = docname_to_domain(app.env.docname, app.config.gettext_compact)
+    catalog, found = init_locale(dirs, app.config.language, domain)
+    if found:
+        for node in toctrees:
+            node["caption"] = catalog.gettext(node["caption"])
+
+
 def _strings_for_the_page(app: Sphinx, config) -> None:
     """On an edition's pages, its string table (``locales/strings/<lang>.json``) for
     ``mhbook-i18n.js``, which translates what the panels' scripts write."""
@@ -164,6 +186,7 @@ def _strings_for_the_page(app: Sphinx, config) -> None:
 def setup(app: Sphinx) -> dict:
     _translations_see_their_page()
     app.connect("config-inited", _strings_for_the_page)
+    app.connect("doctree-read", _translated_captions)
     app.connect("html-page-context", _switcher)
     app.add_css_file("mhbook-editions.css")
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
