@@ -68,3 +68,30 @@ def test_every_english_message_is_translated(tmp_path):
         f"{len(problems)} messages untranslated or fuzzy (python _ext/editions.py update, then "
         "translate them; locales/README.md):\n" + "\n".join(problems[:80])
     )
+
+
+@pytest.mark.parametrize("language", list(editions.EDITIONS))
+def test_the_strings_code_writes_have_translations(language):
+    """The notes of the reader and practice copies, the practice buttons and myst-nb's folded
+    cell label, in each edition's table (locales/strings/<lang>.json); the panels' strings are
+    checked in the page (tests/book/test_browser_editions.py)."""
+    import mhbook_sphinx
+    import practice_notebooks
+    import reader_notebooks
+
+    used = [
+        reader_notebooks.NOTE,
+        practice_notebooks.NOTE_HEAD,
+        practice_notebooks.NOTE_LISTED,
+        practice_notebooks.NOTE_TODO,
+        practice_notebooks.NOTE_NONE,
+        practice_notebooks.NOTE_NUMBERS,
+        mhbook_sphinx.PRACTICE_TEXT,
+        mhbook_sphinx.PRACTICE_TIP,
+        mhbook_sphinx.PRACTICE_DOWNLOAD_TIP,
+        "Show code cell {type}",
+        "Hide code cell {type}",
+    ]
+    table = editions.strings(language)
+    missing = [text for text in used if not table.get(text)]
+    assert not missing, missing
