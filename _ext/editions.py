@@ -75,9 +75,14 @@ def jupyter_book() -> str:
 
 
 def build_edition(
-    language: str, html_root: Path, execute: str = "cache", root: Path = ROOT, strict=True
+    language: str,
+    html_root: Path,
+    execute: str = "cache",
+    root: Path = ROOT,
+    strict=True,
 ) -> subprocess.CompletedProcess:
-    """Build the edition of ``language`` into ``html_root/<folder>`` (``pt-BR``, ``zh-CN``)."""
+    """Build the edition of ``language`` into ``html_root/<folder>`` (``pt-BR``, ``zh-CN``).
+    Its API page links to the English one: the reference is the package's docstrings."""
     folder, _ = EDITIONS[language]
     work = Path(tempfile.mkdtemp(prefix=f"mhbook-{folder}-"))
     try:

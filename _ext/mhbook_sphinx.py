@@ -53,6 +53,7 @@ API reference
 
 from __future__ import annotations
 
+import html
 import importlib
 import pkgutil
 import re
@@ -180,6 +181,10 @@ READER_COPIES = ROOT / "notebooks"
 PRACTICE_COPIES = ROOT / "practice"
 PRACTICE_TEXT = "Practice in Colab"
 PRACTICE_TIP = "Practice in Colab: write the chapter's code yourself, checked cell by cell"
+API_IN_ENGLISH = (
+    "The reference itself is the package's docstrings, which are code: it is on the English "
+    "page of the API reference."
+)
 PRACTICE_DOWNLOAD_TIP = "Download the practice notebook (stubs to fill in, with checks)"
 
 
@@ -330,6 +335,10 @@ class PackageApi(SphinxDirective):
     required_arguments = 1
 
     def run(self) -> list[nodes.Node]:
+        folder = EDITIONS.get(self.env.config.language, ("", ""))[0]
+        if folder:  # an edition: the docstrings are code, in English, on the English page
+            text = html.escape(translate(API_IN_ENGLISH, self.env.config.language))
+            return [nodes.raw("", f'<p><a href="../api.html">{text}</a></p>', format="html")]
         lines = []  # MyST Markdown: the directive is used in api.md
         for module, is_package in package_modules(self.arguments[0]):
             # A folder's package only gathers its modules' names: its docstring says what the

@@ -75,9 +75,9 @@ def test_every_english_message_is_translated(build):
 
 @pytest.mark.parametrize("language", list(editions.EDITIONS))
 def test_the_strings_code_writes_have_translations(language):
-    """The notes of the reader and practice copies, the practice buttons and myst-nb's folded
-    cell label, in each edition's table (locales/strings/<lang>.json); the panels' strings are
-    checked in the page (tests/book/test_browser_editions.py)."""
+    """The notes of the reader and practice copies, the practice buttons, the API page's note
+    and myst-nb's folded cell label, in each edition's table (locales/strings/<lang>.json);
+    the panels' strings are checked in the page (tests/book/test_browser_editions.py)."""
     import mhbook_sphinx
     import practice_notebooks
     import reader_notebooks
@@ -92,6 +92,7 @@ def test_the_strings_code_writes_have_translations(language):
         mhbook_sphinx.PRACTICE_TEXT,
         mhbook_sphinx.PRACTICE_TIP,
         mhbook_sphinx.PRACTICE_DOWNLOAD_TIP,
+        mhbook_sphinx.API_IN_ENGLISH,
         "Show code cell {type}",
         "Hide code cell {type}",
     ]
