@@ -4,7 +4,6 @@ translated through Sphinx's gettext (``locales/README.md``).
     python _ext/editions.py update        # extract the English messages; update every .po
     python _ext/editions.py build [DIR]   # build each edition into DIR/<lang> (DIR: _build/html)
     python _ext/editions.py stats         # translated, fuzzy and empty messages per page
-    python _ext/editions.py check         # exit 1, naming them, while any is empty or fuzzy
     python _ext/editions.py lint [PO]     # translations that lost a role, code, math or link
     python _ext/editions.py todo PO       # the messages of PO left to translate, numbered
     python _ext/editions.py show PO       # every message of PO and its translation, numbered
@@ -481,7 +480,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "command",
-        choices=["update", "build", "stats", "check", "lint", "todo", "show", "fill"],
+        choices=["update", "build", "stats", "lint", "todo", "show", "fill"],
     )
     parser.add_argument("html_root", nargs="?", default=str(ROOT / "_build" / "html"))
     parser.add_argument("translations", nargs="?", help="fill: a JSON file {n: translation}")
@@ -518,11 +517,8 @@ def main(argv=None) -> int:
         return proc.returncode
     if args.command == "update":
         update(pot_dir)
-    counts, problems = compare(messages(pot_dir))
+    counts, _ = compare(messages(pot_dir))
     print(stats_table(counts))
-    if args.command == "check" and problems:
-        print("\n".join(problems[:200]))
-        return 1
     return 0
 
 
