@@ -401,6 +401,7 @@ def translate(text: str, language: str | None = None) -> str:
     return text if language is None else strings(language).get(text) or text
 
 
+@functools.cache  # more messages than re's own cache holds, each sought in every copy
 def _pattern(msgid: str) -> re.Pattern:
     """``msgid`` as it stands in a Markdown cell: the same words, any run of white space."""
     return re.compile(r"\s+".join(re.escape(word) for word in msgid.split()))

@@ -88,7 +88,12 @@ class ReaderCopyError(ValueError):
 
 def repository() -> tuple[str, str]:
     """The repository's address and branch, from ``_config.yml`` (the one place they are set)."""
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    return _repository((ROOT / "_config.yml").read_text())
+
+
+@functools.cache  # asked for by every Markdown cell: parsing the YAML each time took 40 CPU-s
+def _repository(config_yml: str) -> tuple[str, str]:
+    config = yaml.safe_load(config_yml)
     return config["repository"]["url"].rstrip("/"), config["repository"].get("branch", "main")
 
 

@@ -28,9 +28,12 @@ import pytest
 from book_server import PAGES, ROOT, colab_url, page_weight, toc_pages
 from browser import (
     AXE_CONTRAST_PAGES,
+    AXE_FAILING_IMPACTS,
+    AXE_QUIET_RULES,
     FULL_SCREENSHOTS,
     SCREENSHOTS,
     WAIT_FOR_MATHJAX,
+    _axe_violations,
     _colour_problems,
     axe_problems,
 )
@@ -276,6 +279,44 @@ def test_colour_check_agrees_with_axe(browser):
     want = {"grey-small", "grey-large-small", "white-on-half-black", "faded"}
     assert by_axe == want, by_axe
     assert by_colour == want, by_colour
+
+
+# Problems axe-core rates serious or critical (a button, an image, a link and a field without a
+# name, an ARIA attribute with a wrong value, a list holding a paragraph) beside ones it rates
+# minor or moderate (an empty heading, headings out of order, text outside a landmark). axe
+# runs only the rules able to fail the test (AXE_QUIET_RULES): it must find what all of axe
+# finds at those impacts.
+AXE_SAMPLES = """
+<h1>Samples</h1><h4></h4><h5>Out of order</h5>
+<p>Outside any landmark.</p>
+<main>
+  <button id="unnamed-button"></button>
+  <img id="no-alt" src="data:image/gif;base64,R0lGODlhAQABAAAAACw=">
+  <a id="unnamed-link" href="#x"></a>
+  <input id="unnamed-field" type="text">
+  <div id="bad-aria" role="checkbox" aria-checked="maybe" tabindex="0">box</div>
+  <ul id="bad-list"><p>not an item</p></ul>
+</main>
+"""
+
+
+def test_axe_finds_what_all_its_rules_find(browser):
+    from axe_playwright_python.sync_playwright import Axe
+
+    tab = browser.new_page()
+    tab.set_content(AXE_SAMPLES)
+    found = {(v["id"], v["impact"]) for v in _axe_violations(tab)}
+    everything = Axe().run(tab, options={"resultTypes": ["violations"]}).response["violations"]
+    quiet = tab.evaluate(AXE_QUIET_RULES, sorted(AXE_FAILING_IMPACTS))
+    tab.close()
+    failing = {(v["id"], v["impact"]) for v in everything if v["impact"] in AXE_FAILING_IMPACTS}
+    assert found == failing, (found, failing)
+    assert {"button-name", "image-alt", "link-name", "label", "aria-valid-attr-value", "list"} <= {
+        rule for rule, _ in found
+    }, found
+    # the rules left out flagged the minor and moderate samples, and are a good part of axe
+    assert {"region", "heading-order"} <= {v["id"] for v in everything} - {r for r, _ in found}
+    assert {"region", "heading-order", "landmark-one-main"} <= set(quiet)
 
 
 def test_no_page_is_over_5_mb(build):

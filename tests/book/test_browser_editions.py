@@ -99,8 +99,16 @@ def test_edition_page(built, visit, language, page):
     assert not visit.js_errors, visit.js_errors
     problems = axe_problems(tab)  # after the checks of failed requests: axe asks for a CSS
     assert not problems, problems  # file at a wrong address (tests/book/test_browser.py)
-    # The switcher both ways: to the same page in English, and back.
-    switcher.get_by_text("English").click()
+    # The switcher both ways: to the same page in English, and back. Followed by a click on the
+    # front page; elsewhere its link is read (a chapter loads and typesets for seconds, and the
+    # English page's own link back is test_browser.py's test_page).
+    english = switcher.get_by_text("English")
+    if page != "intro":
+        href = english.evaluate("(a) => a.href")
+        assert href == f"{visit.base_url}{page}.html", href
+        assert tab.request.get(href).ok, href
+        return
+    english.click()
     tab.wait_for_load_state("load")
     assert tab.url.endswith(f"/{page}.html") and f"/{folder}/" not in tab.url, tab.url
     assert tab.evaluate("() => document.documentElement.lang") == "en"
