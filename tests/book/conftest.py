@@ -63,7 +63,9 @@ def browser(request):
 
 
 @pytest.fixture
-def visit(browser, site):
-    tab = Visit(browser, site)
+def visit(browser, site, request):
+    """A tab on the built book; with MathJax unless the test is marked ``without_mathjax``
+    (tests/browser.py, MATHJAX_STAND_IN)."""
+    tab = Visit(browser, site, typeset=request.node.get_closest_marker("without_mathjax") is None)
     yield tab
     tab.close()

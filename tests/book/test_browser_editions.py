@@ -23,7 +23,8 @@ from browser import WAIT_FOR_MATHJAX, axe_problems
 sys.path.insert(0, str(ROOT / "_ext"))
 import editions  # noqa: E402
 
-pytestmark = pytest.mark.slow(seconds=150)
+# Without MathJax: an edition's math is the English page's (test_page typesets and checks it).
+pytestmark = [pytest.mark.slow(seconds=150), pytest.mark.without_mathjax]
 
 # One page per part, the book's front page and the review page.
 SAMPLE = ["intro"] + [

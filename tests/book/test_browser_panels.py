@@ -68,6 +68,7 @@ def _attention_agrees_with_python(state: dict, X: np.ndarray) -> None:
     np.testing.assert_allclose(np.array(state["output"]), out, atol=1.5e-4)
 
 
+@pytest.mark.without_mathjax  # the panels, not the math
 def test_attention_explorer_moves(visit):
     """Chapter 1's explorer redraws when an entry of W_query, W_key or W_value changes and
     computes what Python computes; presets and the reset button work."""
@@ -151,6 +152,7 @@ def _viewer_maps_agree(state: dict, payload: dict) -> None:
         assert m["role"] == "img" and payload["kinds"][kind]["name"] in m["label"]
 
 
+@pytest.mark.without_mathjax  # the panels, not the math
 def test_attention_viewer_ch6(visit):
     """Chapter 6's viewer: type a test number, change layer, head and kind, remove a head, all
     with the keyboard; the picture and the text follow, with the payload's weights."""
@@ -236,6 +238,7 @@ def test_attention_viewer_ch6(visit):
 # ---- end viewer ch6
 
 
+@pytest.mark.without_mathjax  # the panels, not the math
 def test_softmax_explorer_moves(visit):
     """Chapter 2's explorer: raising d_k without scaling saturates the softmax; its weights,
     Jacobian norms and gradient equal mhbook.viz.explorers.softmax_stats."""
@@ -260,6 +263,7 @@ def test_softmax_explorer_moves(visit):
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
 
 
+@pytest.mark.without_mathjax  # the panels, not the math
 def test_mask_explorer_moves(visit):
     """Chapter 3's mask builder: Lq > Lk with bottom-right alignment leaves rows without a
     key, whose weights are zeros; mask and weights equal mhbook's."""
@@ -285,6 +289,7 @@ def test_mask_explorer_moves(visit):
     assert not visit.js_errors, f"JavaScript errors: {visit.js_errors}"
 
 
+@pytest.mark.without_mathjax  # the panels, not the math
 def test_positional_explorer_moves(visit):
     """Chapter 5's explorer: the code of the chosen position and the dot products of two
     positions equal mhbook.sinusoidal_encoding's."""
@@ -342,6 +347,7 @@ def _live_numbers(data, count: int = 60) -> list[int]:
     return [n for n in picked if n not in seen]
 
 
+@pytest.mark.without_mathjax  # the panels, not the math
 def test_live_step_through_ch14(visit, build):
     """Chapter 14's step-through in the built book, as a reader uses it: every operation's
     link is an anchor of the built API page; open the live panel (the weights load), open the
@@ -394,6 +400,7 @@ def test_live_step_through_ch14(visit, build):
     assert tab.locator(f"[id='{href.split('#')[1]}']").count() == 1
 
 
+@pytest.mark.without_mathjax  # the panels, not the math
 def test_train_explorer_page(visit):
     """The appendix's page of chapter 15's Train panel, as a reader finds it: chapter 15 links
     it, the panel is open at step 0, One step and Start train, Pause stops. No console error,
@@ -481,6 +488,7 @@ def test_quizzes_and_the_review(visit, tmp_path):
     reload they still are; answered right there, they leave; export, reset and import bring the
     history back. No console error, no failed request; axe finds nothing on the review page."""
     wrong_first = []
+    visit.typeset = False  # the chapters' math aside: the review page typesets its questions
     for prefix in ("01", "05", "09", "13", "14"):
         chapter = [p for p in PAGES if Path(p.file).name.startswith(prefix)]
         assert chapter, f"no chapter {prefix} in _toc.yml"
@@ -529,6 +537,7 @@ def test_quizzes_and_the_review(visit, tmp_path):
         tab.close()
     assert not visit.external, visit.external
 
+    visit.typeset = True
     review = visit.open("review.html")
     review.evaluate(WAIT_FOR_MATHJAX)
     root = review.locator("#mhbook-review")
@@ -572,6 +581,7 @@ def test_quizzes_and_the_review(visit, tmp_path):
     assert not problems, problems
 
 
+@pytest.mark.without_mathjax  # the panels, not the math
 def test_live_translator(visit, build):
     import torch
 
