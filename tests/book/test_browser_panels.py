@@ -353,9 +353,16 @@ def test_live_step_through_ch14(visit, build):
     link is an anchor of the built API page; open the live panel (the weights load), open the
     step-through, Step through, move to layer 1's keys, step the next character with the
     cache (one key more), follow the operation's link into the API page. No console error,
-    no failed request, axe finds nothing. (tests/viz/test_browser_live_lm.py checks every
-    operation's values against PyTorch.)"""
-    from mhbook.viz.explorers.live_step import step_keys, step_ops_data
+    no failed request, axe finds nothing. And every operation's values, for three prompts from
+    the validation text (the model never trained on them), equal PyTorch's on the shipped
+    Shakespeare Llama itself (the weights the page loaded, as ``live.shipped_lm`` reads them),
+    within 1e-4 (tests/viz/test_browser_live_lm.py does the same on a small model, and plants
+    bugs there)."""
+    import torch
+
+    from mhbook.tasks.shakespeare import load_shakespeare, split_text
+    from mhbook.viz.explorers import live
+    from mhbook.viz.explorers.live_step import step_keys, step_ops_data, step_reference
 
     api = (build.html_dir / "api.html").read_text(encoding="utf-8")
     anchors = set(re.findall(r'id="([^"]+)"', api))
@@ -387,6 +394,27 @@ def test_live_step_through_ch14(visit, build):
     step.locator(".mhbook-live-step-next-char").click()  # the 8th, through the same cache
     assert "8 keys of layer 1: 7 from the cache, 1 new" in view.text_content()
     step.screenshot(path=str(SCREENSHOTS / "live-step-ch14.png"))
+
+    lm = live.shipped_lm(build.html_dir / "_static" / live.LIVE_LM_FILE)
+    _, valid = split_text(load_shakespeare())
+    # A short prompt, one that fills the window of 64 and one that slides it (chars 90-130)
+    held_back = [(valid[1000:1024], 23), (valid[5000:5070], 63), (valid[9000:9140], 129)]
+    worst = 0.0
+    for prompt, position in held_back:
+        got = tab.evaluate(
+            "([p, i]) => window.mhbookLive.lmStep(p, i, {temperature: 0.8, topP: 0.9})",
+            [prompt, position],
+        )
+        assert got["order"] == keys and sorted(got["values"]) == sorted(keys)
+        ids = [lm.chars.index(c) for c in prompt]
+        ref = step_reference(lm, ids, position, temperature=0.8, top_p=0.9)
+        for key in keys:
+            js = torch.tensor(got["values"][key], dtype=torch.float32)
+            assert js.shape == ref[key].shape, (key, js.shape, ref[key].shape)
+            diff = ((js - ref[key]).abs() / ref[key].abs().clamp(min=1)).max().item()
+            worst = max(worst, diff)
+    print(f"step-through of the shipped Llama, worst |JS - PyTorch|: {worst:.1e}")
+    assert worst < 1e-4, worst
     assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
     # Last, as test_live_translator: axe-core's CSS preloading asks for a basic.css the page
     # never asks for (a 404 in the console); then the operation's link, followed.
