@@ -2,7 +2,8 @@
 // and the language model (live_lm.js, chapter 14) each run after this file, inside embed.js,
 // with `root` (the panel's <div>) and `data` (its JSON: url, scale, ...) in scope.
 // Here: the weights, fetched when the reader opens a panel (float16 on the wire, float32 in
-// the browser) and loaded once; nn.Linear; softmax; argmax; attention head by head
+// the browser) and loaded once; the layers' arithmetic on rows (nn.Linear, RMSNorm, RoPE,
+// which the Train panel, live_train.js, also runs on its batch); softmax; argmax; attention head by head
 // (mhbook.attend, grouped-query heads and a causal mask included); AddNorm, post-norm or
 // pre-norm as AddNorm(norm_first=); the KV cache's size; the heatmap of attention weights in
 // the book's map; the status line; and the tail both panels end with: load on open, and the
@@ -62,19 +63,70 @@ function loadOnce(build) {
 }
 
 // ---------------------------------------------------------------- the shared layers
-// A sequence is an array of Float32Array rows (one per token).
-function linear(x, W, b) { // nn.Linear: W (out, in) as PyTorch stores it; b optional
+// The arithmetic of every panel's layers, written once: on `n` rows of width d held in one flat
+// Float32Array (row r at r * d), the Train panel's whole batch (live_train.js, which adds each
+// one's backward) or the one new token of the language models (live.js, live_lm.js, where a
+// sequence is an array of Float32Array rows, one per token, and each row goes through alone).
+
+// nn.Linear: y (n, out) = x (n, inp) W^T + b, W (out, inp) as PyTorch stores it; b optional.
+function linearRows(x, W, n, b = null) {
   const [out, inp] = W.shape;
-  return x.map((row) => {
-    const y = new Float32Array(out);
+  const w = W.values;
+  const y = new Float32Array(n * out);
+  for (let r = 0; r < n; r++) {
+    const xo = r * inp;
     for (let o = 0; o < out; o++) {
       let s = b ? b.values[o] : 0;
-      const w = o * inp;
-      for (let i = 0; i < inp; i++) s += row[i] * W.values[w + i];
-      y[o] = s;
+      const wo = o * inp;
+      for (let i = 0; i < inp; i++) s += x[xo + i] * w[wo + i];
+      y[r * out + o] = s;
     }
-    return y;
-  });
+  }
+  return y;
+}
+function linear(x, W, b) { // on a sequence of rows
+  return x.map((row) => linearRows(row, W, 1, b));
+}
+// RMSNorm: y = weight * x * r, r = 1 / sqrt(mean(x^2) + eps), row by row (r kept for backward).
+function rmsNormRows(x, weight, n, d, eps) {
+  const y = new Float32Array(n * d);
+  const r = new Float32Array(n);
+  for (let row = 0; row < n; row++) {
+    let squares = 0;
+    for (let i = 0; i < d; i++) squares += x[row * d + i] * x[row * d + i];
+    r[row] = 1 / Math.sqrt(squares / d + eps);
+    for (let i = 0; i < d; i++) y[row * d + i] = x[row * d + i] * r[row] * weight.values[i];
+  }
+  return { y, r };
+}
+// RoPE's frequencies theta_i = base^(-2i / d_head), rounded to float32 where mhbook.rope computes
+// in float32 (Math.fround), so that the angles are PyTorch's.
+function ropeFrequencies(dHead, base) {
+  const f = Math.fround;
+  return Array.from({ length: dHead / 2 }, (_, i) => f(1 / f(base ** f((2 * i) / dHead))));
+}
+// RotaryEmbedding (rotate-half), in place, on rows of `heads` heads: in each head the pair
+// (x_i, x_{i + d/2}) of row r turns by positions[r] * theta_i, x * cos + rotate_half(x) * sin
+// with rotate_half(x1, x2) = (-x2, x1). sign -1 turns back: RoPE's backward, since a
+// rotation's transpose is the rotation by the negative angle.
+function ropeRows(x, positions, heads, dHead, theta, sign = 1) {
+  const half = dHead / 2;
+  const width = heads * dHead;
+  for (let row = 0; row < positions.length; row++) {
+    for (let i = 0; i < half; i++) {
+      const angle = Math.fround(positions[row] * theta[i]);
+      const cos = Math.fround(Math.cos(angle));
+      const sin = sign * Math.fround(Math.sin(angle));
+      for (let h = 0; h < heads; h++) {
+        const a = row * width + h * dHead + i;
+        const b = a + half;
+        const xa = x[a];
+        const xb = x[b];
+        x[a] = xa * cos - xb * sin;
+        x[b] = xb * cos + xa * sin;
+      }
+    }
+  }
 }
 function softmax(scores) {
   let max = -Infinity;
@@ -180,6 +232,15 @@ function heatmap(values, rowLabels, colLabels, title, { cell = 16, rowHeight = c
 // ---------------------------------------------------------------- the status line, the tail
 const status = $(".mhbook-live-status");
 const error = $(".mhbook-live-error");
+// A number box's whole number within [low, high], or an error that names the box and the range.
+function numberIn(box, name, low, high) {
+  const v = Number(box.value);
+  if (box.value.trim() === "" || !Number.isInteger(v) || v < low || v > high) {
+    throw new Error(`${name} must be a whole number from ${low} to ` +
+      `${high.toLocaleString("en-US")}`);
+  }
+  return v;
+}
 function showError(message) {
   error.textContent = message;
   error.hidden = !message;

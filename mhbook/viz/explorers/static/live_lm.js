@@ -1,6 +1,7 @@
 // The live language model (mhbook/viz/explorers/live.py: live_lm_html; chapter 14 writes the
 // weights with export_lm). Part V's small Llama runs here, in plain JavaScript, after
-// live_core.js ($, esc, loadWeights, loadOnce, mulberry32, linear, softmax, argmax, attendHeads,
+// live_core.js ($, esc, loadWeights, loadOnce, mulberry32, linear, rmsNormRows, ropeFrequencies,
+// ropeRows, softmax, argmax, attendHeads,
 // addNorm, cacheBytes, heatmap, status, showError, registerConsoleApi). One function per piece, named as
 // in mhbook so that a reader can hold the two side by side: rmsNorm (RMSNorm), swiglu (SwiGLU),
 // rope (RotaryEmbedding, Llama's rotate-half layout), attention (MultiHeadAttention with
@@ -30,12 +31,7 @@ function encode(model, text) {
 // A sequence is an array of Float32Array rows, as in live_core.js; the model is fed one token at
 // a time, so here each holds the one new token's row.
 function rmsNorm(x, weight, eps) { // RMSNorm: weight * x / sqrt(mean(x^2) + eps)
-  return x.map((row) => {
-    let squares = 0;
-    for (const v of row) squares += v * v;
-    const scale = 1 / Math.sqrt(squares / row.length + eps);
-    return row.map((v, i) => v * scale * weight.values[i]);
-  });
+  return x.map((row) => rmsNormRows(row, weight, 1, row.length, eps).y);
 }
 function swiglu(x, P, name, trace = null) { // SwiGLU: W_down(silu(W_gate x) * W_up x), silu(a) = a sigmoid(a)
   const gate = linear(x, P[`${name}.W_gate.weight`]);
@@ -50,29 +46,10 @@ function swiglu(x, P, name, trace = null) { // SwiGLU: W_down(silu(W_gate x) * W
   }
   return out;
 }
-// RoPE's frequencies theta_i = base^(-2i / d_head), rounded to float32 where mhbook.rope computes
-// in float32 (Math.fround), so that the angles are PyTorch's.
-function ropeFrequencies(dHead, base) {
-  const f = Math.fround;
-  return Array.from({ length: dHead / 2 }, (_, i) => f(1 / f(base ** f((2 * i) / dHead))));
-}
-// RotaryEmbedding (rotate-half) on one row at `position`: in each head, the pair
-// (x_i, x_{i + d/2}) turns by position * theta_i, x * cos + rotate_half(x) * sin with
-// rotate_half(x1, x2) = (-x2, x1).
+// RotaryEmbedding (rotate-half) on one row at `position` (live_core.js's ropeRows), a new row.
 function rope(x, position, heads, dHead, theta) {
-  const out = new Float32Array(x.length);
-  const half = dHead / 2;
-  for (let i = 0; i < half; i++) {
-    const angle = Math.fround(position * theta[i]);
-    const cos = Math.fround(Math.cos(angle));
-    const sin = Math.fround(Math.sin(angle));
-    for (let h = 0; h < heads; h++) {
-      const a = h * dHead + i;
-      const b = a + half;
-      out[a] = x[a] * cos - x[b] * sin;
-      out[b] = x[b] * cos + x[a] * sin;
-    }
-  }
+  const out = Float32Array.from(x);
+  ropeRows(out, [position], heads, dHead, theta);
   return out;
 }
 // MultiHeadAttention for the new token: W_q, W_k, W_v; RoPE on its query and key at its
@@ -332,14 +309,6 @@ function draw() {
     `heads for ${dims.numHeads} query heads); the next position is ${state.cache.length}.`;
 }
 const pause = () => new Promise((resolve) => { setTimeout(resolve, 0); });
-function numberIn(box, name, low, high) {
-  const v = Number(box.value);
-  if (box.value.trim() === "" || !Number.isInteger(v) || v < low || v > high) {
-    throw new Error(`${name} must be a whole number from ${low} to ` +
-      `${high.toLocaleString("en-US")}`);
-  }
-  return v;
-}
 async function generateInPage() {
   const me = ++run;
   showError("");

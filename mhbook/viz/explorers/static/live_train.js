@@ -2,7 +2,9 @@
 // the induction heads (two layers of attention only, RoPE, RMSNorm, no biases: a
 // mhbook.DecoderOnlyLM of LIVE_COPIER_MODEL) trained here, in the page, from a seeded
 // initialisation, on random blocks written again and again. Runs after live_core.js ($, esc,
-// heatmap, status, showError). data: {config, task, train, threshold, scale}.
+// linearRows, rmsNormRows, ropeFrequencies, ropeRows, mulberry32, heatmap, status, showError):
+// the layers' arithmetic is the language models' own. data: {config, task, train, threshold,
+// scale}.
 //
 // THE BACKWARD PASS IS WRITTEN BY HAND, on purpose. The book prefers a well-kept library (an
 // autograd library from the npm registry, such as TensorFlow.js, would do the arithmetic), but
@@ -13,8 +15,10 @@
 // the negative angle, RMSNorm's, cross-entropy's softmax - onehot). The forward here is the one
 // the panel draws (its attention weights are the heatmaps, its losses the curves): there is no
 // second forward for the display. It works on a whole batch at once, in flat Float32Arrays
-// (float32 as PyTorch's), row n = sequence b, position t at n = b * T + t, which is why it does
-// not reuse live_core.js's linear and attendHeads (one row per token, for inference): the
+// (float32 as PyTorch's), row n = sequence b, position t at n = b * T + t, through live_core.js's
+// row functions (the language models pass their one new token through the same ones). Only
+// its attention is its own, causalAttention: all the batch's queries at once, keeping P for the
+// backward, where the language models' attendHeads reads one query over a KV cache; the
 // training step does ~10 million multiply-adds and must run in milliseconds.
 // tests/viz/test_browser_live_train.py checks the loss and every gradient after step 1, the first
 // 50 losses and the phase change against PyTorch (mhbook.training.live_copier).
@@ -83,22 +87,7 @@ function nextBatch(random, task, batchSize) {
 }
 
 // ---------------------------------------------------------------- the layers and their backward
-// nn.Linear without bias: y (n, out) = x (n, inp) W^T, W (out, inp) as PyTorch stores it.
-function linearRows(x, W, n) {
-  const [out, inp] = W.shape;
-  const w = W.values;
-  const y = new Float32Array(n * out);
-  for (let r = 0; r < n; r++) {
-    const xo = r * inp;
-    for (let o = 0; o < out; o++) {
-      let s = 0;
-      const wo = o * inp;
-      for (let i = 0; i < inp; i++) s += x[xo + i] * w[wo + i];
-      y[r * out + o] = s;
-    }
-  }
-  return y;
-}
+// linearRows, rmsNormRows, ropeFrequencies and ropeRows are live_core.js's; their backwards:
 // Its backward: dW += dy^T x, and dx = dy W (added into dx).
 function linearRowsBackward(dy, x, W, n, dW, dx) {
   const [out, inp] = W.shape;
@@ -116,18 +105,6 @@ function linearRowsBackward(dy, x, W, n, dW, dx) {
     }
   }
 }
-// RMSNorm: y = weight * x * r, r = 1 / sqrt(mean(x^2) + eps), row by row; r kept for backward.
-function rmsNormRows(x, weight, n, d, eps) {
-  const y = new Float32Array(n * d);
-  const r = new Float32Array(n);
-  for (let row = 0; row < n; row++) {
-    let squares = 0;
-    for (let i = 0; i < d; i++) squares += x[row * d + i] * x[row * d + i];
-    r[row] = 1 / Math.sqrt(squares / d + eps);
-    for (let i = 0; i < d; i++) y[row * d + i] = x[row * d + i] * r[row] * weight.values[i];
-  }
-  return { y, r };
-}
 // Its backward, with g = dy * weight: dx = r g - x r^3 (g . x) / d (added into dx);
 // dweight += dy * x * r.
 function rmsNormRowsBackward(dy, x, r, weight, n, d, dWeight, dx) {
@@ -141,34 +118,6 @@ function rmsNormRowsBackward(dy, x, r, weight, n, d, dWeight, dx) {
     }
     const c = (r[row] * r[row] * r[row] * dot) / d;
     for (let i = 0; i < d; i++) dx[o + i] += r[row] * dy[o + i] * weight.values[i] - c * x[o + i];
-  }
-}
-// RoPE's frequencies theta_i = base^(-2i / d_head) in float32, as live_lm.js and mhbook.rope.
-function ropeFrequencies(dHead, base) {
-  const f = Math.fround;
-  return Array.from({ length: dHead / 2 }, (_, i) => f(1 / f(base ** f((2 * i) / dHead))));
-}
-// RoPE (rotate-half) in place on rows (n = B * T, heads * dHead): the pair (x_i, x_{i + d/2})
-// of each head turns by t * theta_i at position t. sign -1 turns back: RoPE's backward, since a
-// rotation's transpose is the rotation by the negative angle.
-function ropeRows(x, n, T, heads, dHead, theta, sign = 1) {
-  const half = dHead / 2;
-  const width = heads * dHead;
-  for (let row = 0; row < n; row++) {
-    const t = row % T;
-    for (let i = 0; i < half; i++) {
-      const angle = Math.fround(t * theta[i]);
-      const cos = Math.fround(Math.cos(angle));
-      const sin = sign * Math.fround(Math.sin(angle));
-      for (let h = 0; h < heads; h++) {
-        const a = row * width + h * dHead + i;
-        const b = a + half;
-        const xa = x[a];
-        const xb = x[b];
-        x[a] = xa * cos - xb * sin;
-        x[b] = xb * cos + xa * sin;
-      }
-    }
   }
 }
 // Causal softmax attention, head by head: S = q k^T / sqrt(d_head) over keys j <= i,
@@ -260,6 +209,7 @@ function forward(model, ids, B) {
   const E = P["embedding.weight"].values;
   let x = new Float32Array(n * d);
   for (let r = 0; r < n; r++) x.set(E.subarray(ids[r] * d, ids[r] * d + d), r * d);
+  const positions = Int32Array.from({ length: n }, (_, r) => r % T); // row b * T + t is at t
   const layers = [];
   for (let l = 0; l < cfg.num_layers; l++) {
     const name = `blocks.${l}`;
@@ -267,8 +217,8 @@ function forward(model, ids, B) {
     const q = linearRows(norm.y, P[`${name}.self_attn.W_q.weight`], n);
     const k = linearRows(norm.y, P[`${name}.self_attn.W_k.weight`], n);
     const v = linearRows(norm.y, P[`${name}.self_attn.W_v.weight`], n);
-    ropeRows(q, n, T, heads, dHead, theta);
-    ropeRows(k, n, T, heads, dHead, theta);
+    ropeRows(q, positions, heads, dHead, theta);
+    ropeRows(k, positions, heads, dHead, theta);
     const att = causalAttention(q, k, v, B, T, heads, dHead);
     const out = linearRows(att.o, P[`${name}.self_attn.W_o.weight`], n);
     const next = new Float32Array(n * d);
@@ -278,7 +228,7 @@ function forward(model, ids, B) {
   }
   const final = rmsNormRows(x, P["norm.weight"], n, d, cfg.norm_eps);
   const logits = linearRows(final.y, P["output.weight"], n);
-  return { ids, B, n, layers, x, final, logits, vocab };
+  return { ids, B, n, positions, layers, x, final, logits, vocab };
 }
 // Cross-entropy, mean over the rows: the loss, and dlogits = (softmax - onehot) / n.
 function crossEntropy(logits, y, n, vocab) {
@@ -316,8 +266,8 @@ function backward(model, fwd, dLogits) {
     const W = (w) => `${name}.self_attn.${w}.weight`;
     linearRowsBackward(dx, c.o, P[W("W_o")], n, G[W("W_o")], dO);
     const { dq, dk, dv } = causalAttentionBackward(dO, c.q, c.k, c.v, c.P, B, T, heads, dHead);
-    ropeRows(dq, n, T, heads, dHead, theta, -1);
-    ropeRows(dk, n, T, heads, dHead, theta, -1);
+    ropeRows(dq, fwd.positions, heads, dHead, theta, -1);
+    ropeRows(dk, fwd.positions, heads, dHead, theta, -1);
     const dNorm = new Float32Array(n * d);
     linearRowsBackward(dq, c.norm.y, P[W("W_q")], n, G[W("W_q")], dNorm);
     linearRowsBackward(dk, c.norm.y, P[W("W_k")], n, G[W("W_k")], dNorm);
@@ -672,13 +622,6 @@ function drawMaps(shown) {
       ctx.fillRect(left + j * CELL, top + i * CELL, CELL, CELL);
     }));
   }));
-}
-function numberIn(box, name, low, high) {
-  const v = Number(box.value);
-  if (box.value.trim() === "" || !Number.isInteger(v) || v < low || v > high) {
-    throw new Error(`${name} must be a whole number from ${low} to ${high.toLocaleString("en-US")}`);
-  }
-  return v;
 }
 function reset() {
   showError("");
