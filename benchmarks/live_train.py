@@ -7,7 +7,9 @@ console API's ``trainRun`` (no drawing) gives steps per second, and
 :func:`mhbook.training.live_copier.live_copier_run` the phase change of the same run in
 PyTorch (one thread). Last, the 1-layer control, in the page and in PyTorch: a whole run of
 ``LIVE_COPIER_TRAIN.num_steps`` steps, with no phase change expected. Prints one line per run
-and a screenshot of the panel at its phase change goes to ``_build/screenshots/``.
+and a screenshot of the panel at its phase change goes to ``_build/screenshots/``. The results,
+with the command, commit, machine, Chromium and date that made them, go to
+``benchmarks/live_train.json`` (``--out``).
 
     python -m benchmarks.live_train            # seeds 0 1 2, about 3 minutes on 2 cores
     python -m benchmarks.live_train --seeds 0
@@ -16,6 +18,8 @@ and a screenshot of the panel at its phase change goes to ``_build/screenshots/`
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import re
 import sys
 import tempfile
@@ -26,6 +30,8 @@ import mhbook
 from mhbook.training.live_copier import LIVE_COPIER_TRAIN, live_copier_run
 from mhbook.viz.explorers.live_train import live_train_html
 
+from .llama_ablations import _commit, _machine
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from browser import launch_chromium  # noqa: E402
 
@@ -33,7 +39,9 @@ from browser import launch_chromium  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("live_train.json"))
     args = parser.parse_args()
+    runs = []
     print(mhbook.describe_machine())
     folder = Path(tempfile.mkdtemp())
     page = folder / "page.html"
@@ -80,6 +88,13 @@ def main() -> None:
             "steps/s, one thread, looks included)",
             flush=True,
         )
+        runs.append({
+            "seed": seed, "page_change": change, "page_wall_s": round(wall, 1),
+            "slowest_answer_ms": round(1000 * max(answers)),
+            "trainRun_steps_per_s": round(api["stepsPerSecond"], 1),
+            "trainRun_change": api["change"], "pytorch_change": ours["change"],
+            "pytorch_steps_per_s": round(len(ours["losses"]) / torch_seconds, 1),
+        })  # fmt: skip
     one = tab.evaluate("() => window.mhbookLive.trainRun({seed: 0, layers: 1})")
     ours = live_copier_run(0, num_layers=1, every=10)
     print(
@@ -88,6 +103,23 @@ def main() -> None:
         f"({one['stepsPerSecond']:.0f} steps/s); PyTorch change {ours['change']}, "
         f"{ours['looks'][-1]['second']:.2f} nats"
     )
+    result = {
+        "command": " ".join(["python -m benchmarks.live_train", *sys.argv[1:]]),
+        "commit": _commit(),
+        "date": datetime.date.today().isoformat(),
+        "machine": _machine(),
+        "chromium": browser.version,
+        "runs": runs,
+        "one_layer": {
+            "steps": LIVE_COPIER_TRAIN.num_steps,
+            "page_change": one["change"],
+            "page_second_copy": round(one["looks"][-1]["second"], 3),
+            "pytorch_change": ours["change"],
+            "pytorch_second_copy": round(ours["looks"][-1]["second"], 3),
+        },  # fmt: skip
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
     browser_gen.close()
 
 
