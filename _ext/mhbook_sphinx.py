@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import html
 import importlib
+import json
 import pkgutil
 import re
 import shutil
@@ -243,11 +244,22 @@ def _colab_opens_reader_copy(app: Sphinx, pagename, templatename, context, doctr
 
 
 def _copy_live_files(app: Sphinx, exception) -> None:
-    """The live panel's weights, written by chapter 6 into ``chapters/live/``, served from
-    ``_static/live/`` (``mhbook.viz.explorers.live``)."""
+    """The live panels' weights, written by chapters 6 and 14 into ``chapters/live/``, served
+    from ``_static/live/`` (``mhbook.viz.explorers.live``). Each ``NAME.json`` also as
+    ``NAME.js``, a script that hands the same JSON to ``window.mhbookLiveFiles[NAME.json]``:
+    a book opened from ``file://`` may not fetch a file, but it runs a ``<script src>``
+    (live_core.js's loadWeights)."""
     source = ROOT / "chapters" / "live"
     if exception is None and app.builder.format == "html" and source.is_dir():
-        shutil.copytree(source, Path(app.outdir) / "_static" / "live", dirs_exist_ok=True)
+        target = Path(app.outdir) / "_static" / "live"
+        shutil.copytree(source, target, dirs_exist_ok=True)
+        for weights in source.glob("*.json"):
+            (target / f"{weights.stem}.js").write_text(
+                f"(window.mhbookLiveFiles ||= {{}})[{json.dumps(weights.name)}] = "
+                + weights.read_text(encoding="ascii").strip()
+                + ";\n",
+                encoding="ascii",
+            )
 
 
 def _download_reader_copies(app: Sphinx, exception) -> None:

@@ -752,3 +752,44 @@ def test_live_translator(visit, build):
         f"max |JS - PyTorch| {worst:.2e} over {len(results)} inputs; translation median "
         f"{np.median(times):.1f} ms, max {max(times):.1f} ms\n"
     )
+
+
+def test_live_models_from_file(browser, build):
+    """The book opened from its files (``file://``, no server), as a reader may open it: a page
+    may not fetch there, so the live models read their weights from the scripts the build writes
+    beside them (``_ext/mhbook_sphinx.py``). Chapter 14's language model loads and gives
+    PyTorch's logits (the shipped weights), and its step-through steps; chapter 6's translator
+    loads and translates."""
+    import torch
+
+    from mhbook.viz.explorers import live
+
+    context = browser.new_context()
+    tab, errors = context.new_page(), []
+    tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    tab.on("pageerror", lambda err: errors.append(str(err)))
+    chapter = next(p for p in PAGES if Path(p.file).name.startswith("14"))
+    tab.goto((build.html_dir / chapter.html).as_uri(), wait_until="load")
+    panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-lm-']")
+    panel.locator("summary").first.click()
+    status = panel.locator(".mhbook-live-status")
+    tab.wait_for_function(
+        "(el) => el.textContent.startsWith('Loaded')", arg=status.element_handle()
+    )
+    lm = live.shipped_lm(build.html_dir / "_static" / live.LIVE_LM_FILE)
+    prompt = "ROMEO:\nBut soft"
+    js = torch.tensor(tab.evaluate("(p) => window.mhbookLive.lmLogits(p)", prompt))
+    with torch.no_grad():
+        ref = lm(torch.tensor([[lm.chars.index(c) for c in prompt]]))[0, -1]
+    assert (js - ref).abs().max().item() < 1e-4
+    step = tab.evaluate("(p) => window.mhbookLive.lmStep(p, 5, {})", prompt)
+    assert len(step["order"]) == len(step["values"]) > 80
+    tab.goto((build.html_dir / "chapters" / "06-transformer.html").as_uri(), wait_until="load")
+    panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-']")
+    panel.locator("summary").click()
+    status = panel.locator(".mhbook-live-status")
+    tab.wait_for_function("(el) => el.textContent.includes('Loaded')", arg=status.element_handle())
+    said = tab.evaluate("async () => (await window.mhbookLive.translate('71')).text")
+    assert isinstance(said, str) and said.strip(), said  # its words: test_live_translator's check
+    assert not errors, errors
+    context.close()

@@ -28,13 +28,33 @@ function decodeTensor({ shape, data: b64 }) {
   return { shape, values };
 }
 // The file live.py wrote: {P: every tensor by its state_dict name, raw: the rest of the JSON}.
+// Fetched; from file://, where a page may not fetch, read from the script the book's build
+// writes beside it (NAME.js for NAME.json, _ext/mhbook_sphinx.py), which a page may run.
 async function loadWeights(url) {
-  const response = await fetch(url);
-  if (!response.ok) throw new Error(`could not load ${url}: HTTP ${response.status}`);
-  const raw = await response.json();
+  const raw = location.protocol === "file:" ? await scriptedJson(url) : await fetchedJson(url);
   const P = {};
   for (const [name, tensor] of Object.entries(raw.tensors)) P[name] = decodeTensor(tensor);
   return { P, raw };
+}
+async function fetchedJson(url) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`could not load ${url}: HTTP ${response.status}`);
+  return response.json();
+}
+function scriptedJson(url) {
+  const name = url.split("/").pop();
+  const src = url.replace(/\.json$/, ".js");
+  return new Promise((resolve, reject) => {
+    const script = document.createElement("script");
+    script.src = src;
+    script.onload = () => {
+      const raw = (window.mhbookLiveFiles || {})[name];
+      if (raw) delete window.mhbookLiveFiles[name]; // the model keeps what it needs
+      raw ? resolve(raw) : reject(new Error(`${src} holds no weights`));
+    };
+    script.onerror = () => reject(new Error(`could not load ${src}`));
+    document.head.append(script);
+  });
 }
 // mulberry32 (Tommy Ettinger, public domain): a 32-bit state, one add, two multiply-xorshifts per
 // number; a seed (any integer, taken modulo 2^32) gives the same floats in [0, 1) in every
