@@ -288,8 +288,7 @@ def _axe_violations(tab, axe_contrast_outside: tuple[str, ...] | None = None) ->
     except ImportError:
         no_browser("axe-playwright-python is not installed (pip install -r requirements.txt)")
     tab.evaluate(WAIT_FOR_MATHJAX)  # judge the page as the reader sees it, math typeset
-    axe = Axe()
-    tab.evaluate(axe.axe_script)
+    tab.evaluate(Axe().axe_script)  # once: both runs below call the injected axe
     quiet = tab.evaluate(AXE_QUIET_RULES, sorted(AXE_FAILING_IMPACTS))
     everything_else = {
         "resultTypes": ["violations"],
@@ -299,10 +298,11 @@ def _axe_violations(tab, axe_contrast_outside: tuple[str, ...] | None = None) ->
         "resultTypes": ["violations"],
         "runOnly": {"type": "rule", "values": ["color-contrast"]},
     }
-    violations = axe.run(tab, options=everything_else).response["violations"]
+    run = "([context, options]) => axe.run(context || document, options)"
+    violations = tab.evaluate(run, [None, everything_else])["violations"]
     if axe_contrast_outside is not None:
         outside = {"exclude": [[selector] for selector in axe_contrast_outside]}
-        violations += axe.run(tab, context=outside, options=contrast).response["violations"]
+        violations += tab.evaluate(run, [outside, contrast])["violations"]
     found = []
     for violation in violations:
         if violation["impact"] not in AXE_FAILING_IMPACTS:
@@ -328,3 +328,36 @@ def axe_problems(tab, axe_contrast_outside: tuple[str, ...] | None = None) -> li
         for node in v["nodes"][:3]:
             lines.append(f"    {', '.join(node['target'])}: {node['html'][:160]}")
     return lines
+
+
+# --------------------------------------------------------------------------- the step-through
+
+
+def step_differences(tab, lm, prompts, temperature=0.8, top_p=0.9) -> dict[str, float]:
+    """The page's step-through (``window.mhbookLive.lmStep``) against PyTorch's
+    (``live_step.step_reference``: forward hooks on ``lm``, the model of the page's weights,
+    its characters ``lm.chars``) for each ``(prompt, position)``: the worst |JS - PyTorch|
+    (relative above 1) of each operation. Asserts that the page records exactly the operations
+    of STEP_OPS, in their order, each of PyTorch's shape."""
+    import torch
+
+    from mhbook.viz.explorers.live_step import step_keys, step_reference
+
+    keys = step_keys(lm.config.num_layers)
+    worst: dict[str, float] = {}
+    for prompt, position in prompts:
+        got = tab.evaluate(
+            "([p, i, t, q]) => window.mhbookLive.lmStep(p, i, {temperature: t, topP: q})",
+            [prompt, position, temperature, top_p],
+        )
+        assert got["order"] == keys
+        assert sorted(got["values"]) == sorted(keys), "the page records other operations"
+        ids = [lm.chars.index(c) for c in prompt]
+        ref = step_reference(lm, ids, position, temperature=temperature, top_p=top_p)
+        for key in keys:
+            js = torch.tensor(got["values"][key], dtype=torch.float32)
+            assert js.shape == ref[key].shape, (key, js.shape, ref[key].shape)
+            diff = ((js - ref[key]).abs() / ref[key].abs().clamp(min=1)).max().item()
+            op = key.rsplit(".", 1)[-1]
+            worst[op] = max(worst.get(op, 0.0), diff)
+    return worst

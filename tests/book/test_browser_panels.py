@@ -15,7 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from book_server import PAGES, page_weight
-from browser import CODE_REGIONS, SCREENSHOTS, WAIT_FOR_MATHJAX, axe_problems
+from browser import (
+    CODE_REGIONS,
+    SCREENSHOTS,
+    WAIT_FOR_MATHJAX,
+    Visit,
+    axe_problems,
+    step_differences,
+)
 
 pytestmark = pytest.mark.slow(seconds=230)  # waits for the book's build, then drives its panels
 
@@ -358,11 +365,10 @@ def test_live_step_through_ch14(visit, build):
     Shakespeare Llama itself (the weights the page loaded, as ``live.shipped_lm`` reads them),
     within 1e-4 (tests/viz/test_browser_live_lm.py does the same on a small model, and plants
     bugs there)."""
-    import torch
 
     from mhbook.tasks.shakespeare import load_shakespeare, split_text
     from mhbook.viz.explorers import live
-    from mhbook.viz.explorers.live_step import step_keys, step_ops_data, step_reference
+    from mhbook.viz.explorers.live_step import step_keys, step_ops_data
 
     api = (build.html_dir / "api.html").read_text(encoding="utf-8")
     anchors = set(re.findall(r'id="([^"]+)"', api))
@@ -399,20 +405,7 @@ def test_live_step_through_ch14(visit, build):
     _, valid = split_text(load_shakespeare())
     # A short prompt, one that fills the window of 64 and one that slides it (chars 90-130)
     held_back = [(valid[1000:1024], 23), (valid[5000:5070], 63), (valid[9000:9140], 129)]
-    worst = 0.0
-    for prompt, position in held_back:
-        got = tab.evaluate(
-            "([p, i]) => window.mhbookLive.lmStep(p, i, {temperature: 0.8, topP: 0.9})",
-            [prompt, position],
-        )
-        assert got["order"] == keys and sorted(got["values"]) == sorted(keys)
-        ids = [lm.chars.index(c) for c in prompt]
-        ref = step_reference(lm, ids, position, temperature=0.8, top_p=0.9)
-        for key in keys:
-            js = torch.tensor(got["values"][key], dtype=torch.float32)
-            assert js.shape == ref[key].shape, (key, js.shape, ref[key].shape)
-            diff = ((js - ref[key]).abs() / ref[key].abs().clamp(min=1)).max().item()
-            worst = max(worst, diff)
+    worst = max(step_differences(tab, lm, held_back).values())
     print(f"step-through of the shipped Llama, worst |JS - PyTorch|: {worst:.1e}")
     assert worst < 1e-4, worst
     assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
@@ -764,12 +757,9 @@ def test_live_models_from_file(browser, build):
 
     from mhbook.viz.explorers import live
 
-    context = browser.new_context()
-    tab, errors = context.new_page(), []
-    tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    tab.on("pageerror", lambda err: errors.append(str(err)))
+    visit = Visit(browser, build.html_dir.as_uri() + "/")
     chapter = next(p for p in PAGES if Path(p.file).name.startswith("14"))
-    tab.goto((build.html_dir / chapter.html).as_uri(), wait_until="load")
+    tab = visit.open(chapter.html)
     panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-lm-']")
     panel.locator("summary").first.click()
     status = panel.locator(".mhbook-live-status")
@@ -784,12 +774,13 @@ def test_live_models_from_file(browser, build):
     assert (js - ref).abs().max().item() < 1e-4
     step = tab.evaluate("(p) => window.mhbookLive.lmStep(p, 5, {})", prompt)
     assert len(step["order"]) == len(step["values"]) > 80
-    tab.goto((build.html_dir / "chapters" / "06-transformer.html").as_uri(), wait_until="load")
+    tab.evaluate(WAIT_FOR_MATHJAX)  # leaving earlier would abort MathJax's requests
+    tab = visit.open(next(p for p in PAGES if Path(p.file).name.startswith("06")).html)
     panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-']")
     panel.locator("summary").click()
     status = panel.locator(".mhbook-live-status")
     tab.wait_for_function("(el) => el.textContent.includes('Loaded')", arg=status.element_handle())
     said = tab.evaluate("async () => (await window.mhbookLive.translate('71')).text")
     assert isinstance(said, str) and said.strip(), said  # its words: test_live_translator's check
-    assert not errors, errors
-    context.close()
+    assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
+    visit.close()

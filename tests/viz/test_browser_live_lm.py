@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 from book_server import serve
-from browser import CODE_REGIONS, SCREENSHOTS, Visit, axe_problems
+from browser import CODE_REGIONS, SCREENSHOTS, Visit, axe_problems, step_differences
 
 from mhbook.training.shakespeare_lm import SHAKESPEARE_MODEL, SHAKESPEARE_TRAIN, shakespeare_model
 from mhbook.viz.attention_records import passage_attention
@@ -258,23 +258,7 @@ def _drive_step(visit, lm, chars):
     # Every operation the page records is one of STEP_OPS, in its order, and equals PyTorch's
     # (forward hooks on the model of the same weights) within 1e-4 (relative above 1).
     want_keys = live_step.step_keys(lm.config.num_layers)
-    worst = {}
-    for prompt, position in STEP_PROMPTS:
-        got = tab.evaluate(
-            "([p, i]) => window.mhbookLive.lmStep(p, i, {temperature: 0.8, topP: 0.9})",
-            [prompt, position],
-        )
-        assert got["order"] == want_keys
-        assert sorted(got["values"]) == sorted(want_keys), "the page records other operations"
-        ref = live_step.step_reference(
-            lm, chars.encode(prompt), position, temperature=0.8, top_p=0.9
-        )
-        for key in want_keys:
-            js = torch.tensor(got["values"][key], dtype=torch.float32)
-            assert js.shape == ref[key].shape, (key, js.shape, ref[key].shape)
-            diff = ((js - ref[key]).abs() / ref[key].abs().clamp(min=1)).max().item()
-            op = key.rsplit(".", 1)[-1]
-            worst[op] = max(worst.get(op, 0.0), diff)
+    worst = step_differences(tab, lm, STEP_PROMPTS)
     print("step-through, worst |JS - PyTorch| by operation:", worst)
     assert max(worst.values()) < 1e-4, worst
 
