@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -83,6 +84,10 @@ class Visit:
     (``/favicon.ico`` included) and failed request (``about:blank`` included) is recorded, each
     with the page it happened on. The book's build leaves none (``_ext/mhbook_sphinx.py``:
     the theme's mode, MathJax 2's blank font, the book's icon).
+
+    ``open`` leaves a page only once its requests are done (:meth:`settle`): a request the
+    test's own navigation cut short (the icon Chromium asks for after ``load``) is not the
+    book's failure, and one that never finishes is recorded as one.
     """
 
     def __init__(self, browser, base_url: str, typeset: bool = True):
@@ -101,6 +106,9 @@ class Visit:
         self.page.on("console", self._console)
         self.page.on("response", self._response)
         self.page.on("requestfailed", self._request_failed)
+        self.in_flight: set = set()
+        self.page.on("request", lambda request: self.in_flight.add(request))
+        self.page.on("requestfinished", lambda request: self.in_flight.discard(request))
 
     @property
     def where(self) -> str:
@@ -129,10 +137,31 @@ class Visit:
             self.failed.append(f"{self.where}: {response.status} {response.url}")
 
     def _request_failed(self, request):
+        self.in_flight.discard(request)
         if request.url not in self.external:  # those are reported as leaving 127.0.0.1
             self.failed.append(f"{self.where}: {request.failure} {request.url}")
 
+    def settle(self, quiet_ms: int = 50, limit_s: float = 30.0):
+        """Wait until no request of the open page has been in flight for ``quiet_ms`` (the
+        pause lets one that starts just after another, or after ``load``, be seen). What is
+        still loading after ``limit_s`` is recorded as failed."""
+        deadline, quiet_since = time.monotonic() + limit_s, None
+        while time.monotonic() < deadline:
+            if self.in_flight:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_ms / 1000:
+                return
+            self.page.wait_for_timeout(10)  # lets Playwright deliver the page's events
+        self.failed += [
+            f"{self.where}: still loading after {limit_s:g} s: {request.url}"
+            for request in self.in_flight
+        ]
+
     def open(self, html: str):
+        if self.page.url != "about:blank":
+            self.settle()
         self.page.goto(self.base_url + html, wait_until="load")
         return self.page
 
