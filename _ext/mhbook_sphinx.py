@@ -410,6 +410,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("build-finished", _copy_live_files)
     app.add_css_file("mhbook-mathjax2.css")
     app.add_css_file("mhbook-figures.css")
+    app.add_css_file("mhbook-source.css")
     app.add_directive("mhbook-api", PackageApi)
     app.add_directive("mhbook-panel", Panel)
     app.add_role("source", _source_role)

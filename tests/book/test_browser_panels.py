@@ -357,14 +357,15 @@ def _live_numbers(data, count: int = 60) -> list[int]:
 @pytest.mark.without_mathjax  # the panels, not the math
 def test_live_step_through_ch14(visit, build):
     """Chapter 14's step-through in the built book, as a reader uses it: every operation's
-    link is an anchor of the built API page; open the live panel (the weights load), open the
-    step-through, Step through, move to layer 1's keys, step the next character with the
-    cache (one key more), follow the operation's link into the API page. No console error,
-    no failed request, axe finds nothing. And every operation's values, for three prompts from
-    the validation text (the model never trained on them), equal PyTorch's on the shipped
-    Shakespeare Llama itself (the weights the page loaded, as ``live.shipped_lm`` reads them),
-    within 1e-4 (tests/viz/test_browser_live_lm.py does the same on a small model, and plants
-    bugs there)."""
+    links are anchors of the built API page and of the book's highlighted source (Sphinx's
+    viewcode); open the live panel (the weights load), open the step-through, Step through,
+    move to layer 1's keys, step the next character with the cache (one key more), follow the
+    operation's link to its code. No console error, no failed request, axe finds nothing. And
+    every operation's values, for three prompts from the validation text (the model never
+    trained on them), equal PyTorch's on the shipped Shakespeare Llama itself (the weights the
+    page loaded, as ``live.shipped_lm`` reads them), within 1e-4
+    (tests/viz/test_browser_live_lm.py does the same on a small model, and plants bugs there).
+    """
 
     from mhbook.tasks.shakespeare import load_shakespeare, split_text
     from mhbook.viz.explorers import live
@@ -374,6 +375,10 @@ def test_live_step_through_ch14(visit, build):
     anchors = set(re.findall(r'id="([^"]+)"', api))
     missing = sorted({op["anchor"] for op in step_ops_data()} - anchors)
     assert not missing, f"no entry in api.html for {missing}"
+    for code in {op["code"] for op in step_ops_data()}:  # viewcode's page of the module
+        page, anchor = code.split("#")
+        source = (build.html_dir / "_modules" / page).read_text(encoding="utf-8")
+        assert f'class="viewcode-block" id="{anchor}"' in source, f"no {anchor} in {page}"
     chapter = [p for p in PAGES if Path(p.file).name.startswith("14")]
     assert chapter, "no chapter 14 in _toc.yml"
     tab = visit.open(chapter[0].html)
@@ -410,15 +415,22 @@ def test_live_step_through_ch14(visit, build):
     assert worst < 1e-4, worst
     assert not visit.js_errors and not visit.failed and not visit.external, visit.js_errors
     # Last, as test_live_translator: axe-core's CSS preloading asks for a basic.css the page
-    # never asks for (a 404 in the console); then the operation's link, followed.
+    # never asks for (a 404 in the console); then the operation's code, followed: the book's
+    # highlighted source of LayerCache.update (its API entry is an anchor of api.html, above).
     problems = axe_problems(tab)
     assert not problems, problems
-    link = view.locator("a")
+    api = view.locator("a").first
+    assert api.get_attribute("href") == "../api.html#mhbook.attention.cache.LayerCache.update"
+    link = view.locator("a.mhbook-live-step-code")
     href = link.get_attribute("href")
+    assert href == "../_modules/mhbook/attention/cache.html#LayerCache.update", href
     link.click()
     tab.wait_for_load_state()
     assert tab.url.endswith(href.removeprefix("..")), (tab.url, href)
-    assert tab.locator(f"[id='{href.split('#')[1]}']").count() == 1
+    block = tab.locator("div.viewcode-block[id='LayerCache.update']")
+    assert "def update(" in block.text_content()
+    problems = axe_problems(tab)
+    assert not problems, problems
 
 
 @pytest.mark.without_mathjax  # the panels, not the math

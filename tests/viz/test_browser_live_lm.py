@@ -287,8 +287,11 @@ def _drive_step(visit, lm, chars):
     tab.keyboard.press("Enter")
     tab.keyboard.press("Enter")
     assert view.locator("h4").text_content() == "Layer 1 of 2: Query projection"
-    link = view.locator("a")
-    assert link.get_attribute("href") == "../api.html#mhbook.attention.multihead.MultiHeadAttention"
+    links = [view.locator("a").nth(i).get_attribute("href") for i in range(2)]
+    assert links == [
+        "../api.html#mhbook.attention.multihead.MultiHeadAttention.forward",
+        "../_modules/mhbook/attention/multihead.html#MultiHeadAttention.forward",
+    ], links
     # The operation list: layer 2's keys in the cache; then the next character, with the cache.
     index = want_keys.index("blocks.1.keys")
     step.locator(".mhbook-live-step-op").select_option(str(index))

@@ -330,7 +330,10 @@ def shipped_lm(path: str | os.PathLike) -> DecoderOnlyLM:
 
 
 def live_lm_html(
-    url: str = f"../_static/{LIVE_LM_FILE}", prompt: str = "ROMEO:\n", api: str = "../api.html"
+    url: str = f"../_static/{LIVE_LM_FILE}",
+    prompt: str = "ROMEO:\n",
+    api: str = "../api.html",
+    code: str = "../_modules/",
 ) -> str:
     """The live language model's panel: a folded ``<details>`` that loads the weights from
     ``url`` when the reader opens it; a prompt, a temperature (0: greedy), a seed and a
@@ -348,7 +351,8 @@ def live_lm_html(
 
     Inside, a second fold steps through one character's forward pass, one operation of
     :data:`~mhbook.viz.explorers.live_step.STEP_OPS` at a time, each linked to its entry in
-    the API page at ``api``; "next character" feeds the next one through the same cache.
+    the API page at ``api`` and to its lines in the book's highlighted source under ``code``
+    (Sphinx's viewcode pages); "next character" feeds the next one through the same cache.
 
     Returns:
         An ``IPython.display.HTML`` object (its ``data`` attribute is the HTML string).
@@ -358,7 +362,7 @@ def live_lm_html(
     uid = "mhbook-live-lm-" + hashlib.sha1(url.encode()).hexdigest()[:8]
     body = fill_panel("live_lm.html", uid=uid, prompt=prompt)
     data = {"url": url, "scale": colour_scale(), "glyphs": GLYPHS, "ops": step_ops_data()}
-    data["api"] = api
+    data["api"], data["code"] = api, code
     return HTML(
         embed(
             uid,

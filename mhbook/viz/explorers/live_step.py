@@ -45,7 +45,9 @@ class StepOp:
         formula: how it is computed, in the book's notation.
         shape: its shape in the page, in the config's names (``S``: the keys the token
             attends to, itself included; ``T``: the prompt's characters).
-        source: the ``mhbook`` name that computes it (the page links its reference).
+        source: the ``mhbook`` function or method whose code computes it (a class's
+            ``forward``, or the method that does it); the page links its entry in the API page
+            and its lines in the book's copy of the source (``_modules``, Sphinx's viewcode).
         per_block: whether every block has it.
     """
 
@@ -62,25 +64,26 @@ class StepOp:
 #: the probabilities.
 STEP_OPS: tuple[StepOp, ...] = (
     StepOp("embedding", "Token embedding", "x = E[token]", "(d_model,)",
-           "mhbook.DecoderOnlyLM", per_block=False),
-    StepOp("norm1", "RMSNorm", "h = w ⊙ x / √(mean(x²) + ε)", "(d_model,)", "mhbook.RMSNorm"),
+           "mhbook.DecoderOnlyLM.forward", per_block=False),
+    StepOp("norm1", "RMSNorm", "h = w ⊙ x / √(mean(x²) + ε)", "(d_model,)",
+           "mhbook.RMSNorm.forward"),
     StepOp("q", "Query projection", "q = h W_qᵀ", "(num_heads × d_head,)",
-           "mhbook.MultiHeadAttention"),
+           "mhbook.MultiHeadAttention.forward"),
     StepOp("k", "Key projection", "k = h W_kᵀ", "(num_kv_heads × d_head,)",
-           "mhbook.MultiHeadAttention"),
+           "mhbook.MultiHeadAttention.forward"),
     StepOp("v", "Value projection", "v = h W_vᵀ", "(num_kv_heads × d_head,)",
-           "mhbook.MultiHeadAttention"),
+           "mhbook.MultiHeadAttention.forward"),
     StepOp("angles", "RoPE's angles", "φ_i = position · θ_i, θ_i = rope_theta^(−2i / d_head)",
-           "(d_head / 2,)", "mhbook.RotaryEmbedding"),
+           "(d_head / 2,)", "mhbook.RotaryEmbedding.tables"),
     StepOp("q_rope", "RoPE on the query",
            "(q_i, q_{i+d/2}) turned by φ_i: q cos φ + rotate_half(q) sin φ",
            "(num_heads × d_head,)", "mhbook.apply_rope"),
     StepOp("k_rope", "RoPE on the key", "k cos φ + rotate_half(k) sin φ",
            "(num_kv_heads × d_head,)", "mhbook.apply_rope"),
     StepOp("keys", "Keys in the cache", "the cached keys (after RoPE), then this token's",
-           "(S, num_kv_heads × d_head)", "mhbook.LayerCache"),
+           "(S, num_kv_heads × d_head)", "mhbook.LayerCache.update"),
     StepOp("values", "Values in the cache", "the cached values, then this token's",
-           "(S, num_kv_heads × d_head)", "mhbook.LayerCache"),
+           "(S, num_kv_heads × d_head)", "mhbook.LayerCache.update"),
     StepOp("keys_grouped", "Key heads repeated for their groups (GQA)",
            "query head i reads key/value head ⌊i / (num_heads / num_kv_heads)⌋",
            "(num_heads, S, d_head)", "mhbook.attend"),
@@ -93,19 +96,23 @@ STEP_OPS: tuple[StepOp, ...] = (
     StepOp("heads", "Weighted sum of the values", "head_i = Σ_j a_ij v_j",
            "(num_heads × d_head,)", "mhbook.attend"),
     StepOp("attn_out", "Heads merged, then W_o", "concat(head_1, …) W_oᵀ", "(d_model,)",
-           "mhbook.MultiHeadAttention"),
-    StepOp("residual1", "Residual add", "x + attention", "(d_model,)", "mhbook.AddNorm"),
-    StepOp("norm2", "RMSNorm", "h = w ⊙ x / √(mean(x²) + ε)", "(d_model,)", "mhbook.RMSNorm"),
-    StepOp("gate", "SwiGLU's gate", "g = h W_gateᵀ", "(d_ff,)", "mhbook.SwiGLU"),
-    StepOp("up", "SwiGLU's up", "u = h W_upᵀ", "(d_ff,)", "mhbook.SwiGLU"),
+           "mhbook.MultiHeadAttention.forward"),
+    StepOp("residual1", "Residual add", "x + attention", "(d_model,)",
+           "mhbook.AddNorm.forward"),
+    StepOp("norm2", "RMSNorm", "h = w ⊙ x / √(mean(x²) + ε)", "(d_model,)",
+           "mhbook.RMSNorm.forward"),
+    StepOp("gate", "SwiGLU's gate", "g = h W_gateᵀ", "(d_ff,)", "mhbook.SwiGLU.forward"),
+    StepOp("up", "SwiGLU's up", "u = h W_upᵀ", "(d_ff,)", "mhbook.SwiGLU.forward"),
     StepOp("hidden", "Gate times up", "silu(g) ⊙ u, silu(g) = g σ(g)", "(d_ff,)",
-           "mhbook.SwiGLU"),
-    StepOp("ffn_out", "W_down", "(silu(g) ⊙ u) W_downᵀ", "(d_model,)", "mhbook.SwiGLU"),
-    StepOp("residual2", "Residual add", "x + feed-forward", "(d_model,)", "mhbook.AddNorm"),
+           "mhbook.SwiGLU.forward"),
+    StepOp("ffn_out", "W_down", "(silu(g) ⊙ u) W_downᵀ", "(d_model,)",
+           "mhbook.SwiGLU.forward"),
+    StepOp("residual2", "Residual add", "x + feed-forward", "(d_model,)",
+           "mhbook.AddNorm.forward"),
     StepOp("final_norm", "Final RMSNorm", "h = w ⊙ x / √(mean(x²) + ε)", "(d_model,)",
-           "mhbook.RMSNorm", per_block=False),
-    StepOp("logits", "Logits", "z = h W_outᵀ", "(vocab_size,)", "mhbook.DecoderOnlyLM",
-           per_block=False),
+           "mhbook.RMSNorm.forward", per_block=False),
+    StepOp("logits", "Logits", "z = h W_outᵀ", "(vocab_size,)",
+           "mhbook.DecoderOnlyLM.forward", per_block=False),
     StepOp("probs", "Next character's probabilities",
            "softmax((z − max z) / temperature), then top-p", "(vocab_size,)",
            "mhbook.next_token_probs", per_block=False),
@@ -140,12 +147,22 @@ _SOURCES = {
 
 
 def step_ops_data() -> list[dict]:
-    """:data:`STEP_OPS` as the page reads them (JSON), with each source's reference anchor
-    in the book's API page (the module that defines it, as autodoc writes it)."""
+    """:data:`STEP_OPS` as the page reads them (JSON), with each source's anchor in the
+    book's API page (``anchor``: the module that defines it, as autodoc writes it) and its
+    page and anchor in the book's highlighted source (``code``: as Sphinx's viewcode writes
+    them, ``mhbook/models/layers.html#RMSNorm.forward``)."""
     out = []
     for op in STEP_OPS:
-        obj = _SOURCES[op.source.removeprefix("mhbook.")]
-        out.append({**asdict(op), "anchor": f"{obj.__module__}.{obj.__qualname__}"})
+        owner, _, member = op.source.removeprefix("mhbook.").partition(".")
+        obj = getattr(_SOURCES[owner], member) if member else _SOURCES[owner]
+        module = obj.__module__
+        out.append(
+            {
+                **asdict(op),
+                "anchor": f"{module}.{obj.__qualname__}",
+                "code": f"{module.replace('.', '/')}.html#{obj.__qualname__}",
+            }
+        )
     return out
 
 

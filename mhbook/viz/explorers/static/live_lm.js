@@ -10,7 +10,8 @@
 // and generateSteps (mhbook.generate: greedy, or sampled at a temperature). Weights travel as
 // float16 and are computed in float32. The step-through (traceToken) runs the same functions
 // with a trace that records every operation of live_step.py's STEP_OPS (data.ops).
-// data: {url, scale (colour_scale()), glyphs, ops, api (the API page's address)}.
+// data: {url, scale (colour_scale()), glyphs, ops, api (the API page's address), code (the
+// folder of the book's highlighted source)}.
 
 // ---------------------------------------------------------------- characters (CharTokenizer)
 const glyph = (c) => data.glyphs[c] ?? c; // how the map labels " " and "\n"
@@ -365,7 +366,8 @@ layerBox.addEventListener("change", draw);
 headBox.addEventListener("change", draw);
 // ---------------------------------------------------------------- the step-through
 // data.ops is STEP_OPS (live_step.py): the operations in order, each with its key, name,
-// formula, shape, the mhbook name that computes it and its anchor in the API page (data.api).
+// formula, shape, the mhbook function or method that computes it, its anchor in the API page
+// (data.api) and its lines in the highlighted source (data.code).
 // The page records each with the functions above (a trace), and the browser test compares
 // every record with PyTorch's (live_step.step_reference): an operation shown is checked.
 function stepOrder(model) { // [{op, layer, key}], as live_step.step_keys orders them
@@ -542,7 +544,9 @@ function drawStep() {
     `${order.length}</p><h4>${esc(where + op.name)}</h4>` +
     `<p class="mhbook-live-step-formula">${esc(op.formula)}</p>` +
     `<p>Shape ${esc(op.shape)} = ${shape}. Computed in mhbook by <a href="${esc(data.api)}#` +
-    `${esc(op.anchor)}"><code>${esc(op.source)}</code></a>.</p>${picture}`;
+    `${esc(op.anchor)}"><code>${esc(op.source)}</code></a> ` +
+    `(<a class="mhbook-live-step-code" href="${esc(data.code + op.code)}">its code</a>).</p>` +
+    picture;
 }
 function fillOps(order) {
   stepOp.innerHTML = order.map(({ op, layer }, i) =>
