@@ -91,6 +91,7 @@ def test_edition_page(built, visit, language, page):
     if page.endswith("14-a-small-llama"):  # the live language model's panel
         live = tab.locator("div.mhbook-explorer button[type=submit]", has_text=strings["Generate"])
         assert live.count() >= 1
+        _step_links_lead_to_the_english_book(tab, visit, strings)
     if page == "review":
         assert tab.get_by_role("button", name=strings["Export"]).count() == 1
     if page.endswith("01-queries-keys-values"):
@@ -116,3 +117,22 @@ def test_edition_page(built, visit, language, page):
     tab.locator("nav.mhbook-languages").get_by_text(name).click()
     tab.wait_for_load_state("load")
     assert tab.url.endswith(f"/{folder}/{page}.html"), tab.url
+
+
+def _step_links_lead_to_the_english_book(tab, visit, strings):
+    """The step-through's links (an operation's API entry and its code): an edition has no API
+    page or source of its own, so they lead to the English book's, which exist."""
+    panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-lm-']")
+    panel.locator("summary").first.click()
+    tab.evaluate("async () => { await window.mhbookLive.lmLoad(); }")  # the weights
+    step = panel.locator("details.mhbook-live-step")
+    step.locator("summary").click()
+    step.locator("button[type=submit]").click()
+    view = step.locator(".mhbook-live-step-view")
+    view.locator("h4").wait_for()
+    api, code = (view.locator("a").nth(i).get_attribute("href") for i in range(2))
+    assert api == visit.base_url + "api.html#mhbook.models.lm.DecoderOnlyLM.forward", api
+    assert code == visit.base_url + "_modules/mhbook/models/lm.html#DecoderOnlyLM.forward", code
+    assert view.locator("a", has_text=strings["its code"]).count() == 1
+    for href in (api, code):
+        assert tab.request.get(href).ok, href

@@ -368,6 +368,10 @@ headBox.addEventListener("change", draw);
 // data.ops is STEP_OPS (live_step.py): the operations in order, each with its key, name,
 // formula, shape, the mhbook function or method that computes it, its anchor in the API page
 // (data.api) and its lines in the highlighted source (data.code).
+// An edition's page (pt-BR, zh-CN) has neither: the reference and the code are the English
+// book's, whose page its <link rel="alternate" hreflang="en"> names; links resolve from there.
+const englishPage = document.querySelector('link[rel="alternate"][hreflang="en"]');
+const inBook = (path) => (englishPage ? new URL(path, englishPage.href).href : path);
 // The page records each with the functions above (a trace), and the browser test compares
 // every record with PyTorch's (live_step.step_reference): an operation shown is checked.
 function stepOrder(model) { // [{op, layer, key}], as live_step.step_keys orders them
@@ -543,9 +547,9 @@ function drawStep() {
     `\u201c${esc(char(ids[p]))}\u201d (position ${p}); operation ${index + 1} of ` +
     `${order.length}</p><h4>${esc(where + op.name)}</h4>` +
     `<p class="mhbook-live-step-formula">${esc(op.formula)}</p>` +
-    `<p>Shape ${esc(op.shape)} = ${shape}. Computed in mhbook by <a href="${esc(data.api)}#` +
-    `${esc(op.anchor)}"><code>${esc(op.source)}</code></a> ` +
-    `(<a class="mhbook-live-step-code" href="${esc(data.code + op.code)}">its code</a>).</p>` +
+    `<p>Shape ${esc(op.shape)} = ${shape}. Computed in mhbook by <a href="` +
+    `${esc(inBook(`${data.api}#${op.anchor}`))}"><code>${esc(op.source)}</code></a> (<a ` +
+    `class="mhbook-live-step-code" href="${esc(inBook(data.code + op.code))}">its code</a>).</p>` +
     picture;
 }
 function fillOps(order) {
