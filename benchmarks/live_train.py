@@ -40,7 +40,7 @@ from browser import launch_chromium  # noqa: E402
 def _first_copy(run: dict) -> dict:
     """The first copy's loss (nats) at step 0, at the phase change, 50 steps after it, its
     lowest and highest, and at the last step: chapter 15 says it never goes below ln 32, rises
-    around the change to about 4.3 and eases back to about 3.9."""
+    around the change to about 4.3 and eases back to 3.8 or 3.9."""
     at = {look["step"]: look["first"] for look in run["looks"]}
     found = {"start": at[0], "change": at[run["change"]], "after_50": at[run["change"] + 50]}
     found |= {"lowest": min(at.values()), "highest": max(at.values()), "last": at[max(at)]}
