@@ -85,9 +85,10 @@ class Visit:
     with the page it happened on. The book's build leaves none (``_ext/mhbook_sphinx.py``:
     the theme's mode, MathJax 2's blank font, the book's icon).
 
-    ``open`` leaves a page only once its requests are done (:meth:`settle`): a request the
-    test's own navigation cut short (the icon Chromium asks for after ``load``) is not the
-    book's failure, and one that never finishes is recorded as one.
+    ``open`` leaves a page only once it is typeset and its requests are done (:meth:`settle`):
+    a request the test's own navigation cut short (the icon Chromium asks for after ``load``,
+    a font MathJax asks for while it typesets) is not the book's failure, and one that never
+    finishes is recorded as one.
     """
 
     def __init__(self, browser, base_url: str, typeset: bool = True):
@@ -142,9 +143,12 @@ class Visit:
             self.failed.append(f"{self.where}: {request.failure} {request.url}")
 
     def settle(self, quiet_ms: int = 50, limit_s: float = 30.0):
-        """Wait until no request of the open page has been in flight for ``quiet_ms`` (the
-        pause lets one that starts just after another, or after ``load``, be seen). What is
-        still loading after ``limit_s`` is recorded as failed."""
+        """Wait until the open page's MathJax has typeset it (its fonts load for seconds, one
+        after another, between stretches of work) and no request of the page has been in
+        flight for ``quiet_ms`` (the pause lets one that starts just after another, or after
+        ``load``, be seen). What is still loading after ``limit_s`` is recorded as failed."""
+        if self.typeset:
+            self.page.evaluate(WAIT_FOR_MATHJAX)
         deadline, quiet_since = time.monotonic() + limit_s, None
         while time.monotonic() < deadline:
             if self.in_flight:

@@ -3,7 +3,8 @@ requests, so a request the test's own navigation would cut short (Chromium asks 
 icon after ``load``) is not reported as the book's failure, and a request that never finishes is.
 
 A page on a local server asks, just after ``load``, for a file the server answers only when the
-test says so. Without Chromium the test is skipped, unless ``CI`` is set.
+test says so (``serve`` of book_server.py answers every file at once). Chromium is
+tests/conftest.py's: without it the test is skipped, unless ``CI`` is set.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import http.server
 import threading
 
 import pytest
-from browser import Visit, launch_chromium
+from browser import Visit
 
 PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>t</title></head>
 <body><main><h1>t</h1><img id="late" alt="late"></main><script>
@@ -22,11 +23,6 @@ addEventListener("load", () => setTimeout(() => {
 }, 20));
 </script></body></html>"""
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"/>'
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    yield from launch_chromium()
 
 
 @pytest.fixture

@@ -447,7 +447,6 @@ def test_train_explorer_page(visit):
     link = tab.locator("a[href$='train-in-the-page.html']")
     assert link.count() >= 1, "chapter 15 does not link the explorer page"
     assert link.first.get_attribute("href") == "../" + explorer[0].html
-    tab.evaluate(WAIT_FOR_MATHJAX)  # leaving earlier would abort MathJax's requests
     tab = visit.open(explorer[0].html)
     panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-train-']")
     assert panel.locator("details[open]").count() == 1, "the page's panel is not open"
@@ -786,7 +785,6 @@ def test_live_models_from_file(browser, build):
     assert (js - ref).abs().max().item() < 1e-4
     step = tab.evaluate("(p) => window.mhbookLive.lmStep(p, 5, {})", prompt)
     assert len(step["order"]) == len(step["values"]) > 80
-    tab.evaluate(WAIT_FOR_MATHJAX)  # leaving earlier would abort MathJax's requests
     tab = visit.open(next(p for p in PAGES if Path(p.file).name.startswith("06")).html)
     panel = tab.locator("div.mhbook-explorer[id^='mhbook-live-']")
     panel.locator("summary").click()
